@@ -1,0 +1,101 @@
+"""Sphinx configuration: sphinx-gallery runs every example, MyST-NB executes every notebook page.
+
+A failing assertion in any example makes ``sphinx-build`` exit non-zero (sphinx-gallery's default);
+``-W`` turns every warning into an error too. Nothing on the site is typed by hand: it is computed here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import guide
+
+HERE = Path(__file__).parent
+
+project = "DDP vs FSDP2, measured"
+author = "The guide authors"
+copyright = "2026, the guide authors"
+release = version = "0.1"
+
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.intersphinx",
+    "sphinx.ext.viewcode",
+    "sphinx_gallery.gen_gallery",
+    "sphinx_copybutton",
+]
+
+# sphinx-gallery writes a .ipynb next to each generated page; without this exclusion Sphinx finds two
+# sources for one document and MyST-NB would execute the notebook a second time.
+exclude_patterns = ["_build", "auto_examples/**.ipynb", "jupyter_execute", "**.ipynb_checkpoints"]
+
+sphinx_gallery_conf = {
+    "examples_dirs": "../examples",
+    "gallery_dirs": "auto_examples",
+    "filename_pattern": r"/plot_",
+    "ignore_pattern": r"__init__\.py|/_",
+    "image_scrapers": ("matplotlib",),
+    "reset_modules": ("matplotlib",),
+    "min_reported_time": 1,
+    "download_all_examples": True,
+    "remove_config_comments": True,
+    # Re-run an example when guide changes, not only when the example does (see _stale_examples).
+    "run_stale_examples": False,
+}
+
+# MyST-NB: execute notebook pages on every build from a cache keyed by their content; a failing cell
+# fails the build.
+nb_execution_mode = "cache"
+nb_execution_cache_path = str(HERE / "_build" / ".jupyter_cache")
+nb_execution_raise_on_error = True
+nb_execution_timeout = 600
+nb_execution_show_tb = True
+myst_enable_extensions = ["dollarmath", "colon_fence"]
+
+intersphinx_mapping = {
+    "python": ("https://docs.python.org/3", None),
+    "torch": ("https://docs.pytorch.org/docs/stable", None),
+}
+# The build must pass offline: an unreachable inventory is a warning we choose not to treat as fatal.
+intersphinx_timeout = 5
+suppress_warnings = ["intersphinx.external"] if os.environ.get("GUIDE_OFFLINE") else []
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+
+html_theme = "pydata_sphinx_theme"
+html_title = "DDP vs FSDP2, measured"
+html_static_path = ["_static"]
+html_theme_options = {
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
+    "secondary_sidebar_items": ["page-toc", "sourcelink"],
+}
+
+
+def _invalidate_on_guide_change() -> None:
+    """Make a change to ``guide`` re-run every example and notebook page.
+
+    sphinx-gallery skips an example whose own file is unchanged (its ``.md5``) and MyST-NB reuses a
+    notebook whose cells are unchanged; neither notices that the code they import changed. The pages
+    all import ``guide``, so a new fingerprint of its sources drops both caches: no stale page passes.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(Path(guide.__file__).parent.rglob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    stamp = HERE / "auto_examples" / ".guide-fingerprint"
+    if stamp.exists() and stamp.read_text() == digest.hexdigest():
+        return
+    for md5 in (HERE / "auto_examples").rglob("*.md5"):
+        md5.unlink()
+    shutil.rmtree(nb_execution_cache_path, ignore_errors=True)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(digest.hexdigest())
+
+
+_invalidate_on_guide_change()

@@ -1,0 +1,54 @@
+"""guide: the code the DDP-vs-FSDP2 site runs, measures and asserts with.
+
+One concept per module:
+
+* :mod:`guide.launch` -- run a worker on N ranks (forkserver + gloo locally, or under torchrun).
+* :mod:`guide.model` -- the mini transformer every example trains.
+* :mod:`guide.data` -- deterministic synthetic token batches and the per-rank slice of a batch.
+* :mod:`guide.training` -- the plain training loop and the single-process reference run.
+* :mod:`guide.checks` -- the assertions that fail the build: equivalence and sharding.
+* :mod:`guide.plotting` -- one figure style for the whole site.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: The torch releases this guide supports (see README: why this lower bound).
+SUPPORTED_TORCH = ">=2.9"
+_MIN_TORCH = (2, 9)
+
+
+def torch_version_ok(version: str) -> bool:
+    """True if ``version`` (e.g. ``"2.13.0+cpu"``) satisfies :data:`SUPPORTED_TORCH`."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return bool(match) and (int(match[1]), int(match[2])) >= _MIN_TORCH
+
+
+from guide.launch import (  # noqa: E402 (the version gate above is used by launch)
+    JobTimeout,
+    LaunchError,
+    Rank,
+    RankDied,
+    RankError,
+    RankHung,
+    RankRaised,
+    launch,
+    under_torchrun,
+    world_size,
+)
+
+__all__ = [
+    "SUPPORTED_TORCH",
+    "JobTimeout",
+    "LaunchError",
+    "Rank",
+    "RankDied",
+    "RankError",
+    "RankHung",
+    "RankRaised",
+    "launch",
+    "torch_version_ok",
+    "under_torchrun",
+    "world_size",
+]

@@ -1,0 +1,151 @@
+"""The assertions that fail the docs build: distributed runs must *be* the single-process run.
+
+Every failure raises :class:`CheckFailed` (an ``AssertionError``) whose message starts with the name
+of the check, the run and the worst offender, so a red build says what broke, not just that
+something did.
+
+Tolerances (fp32, measured on CPU/gloo with torch 2.13 over 20 steps against one process on the
+full batch; the gap is reduction order, never a bug):
+
+* loss, any step: measured ≤ 9.5e-7 for SGD and AdamW at 2 and 4 ranks -> :data:`LOSS_TOL` = 1e-5.
+* final parameters, SGD: measured ≤ 1.2e-7 -> 1e-6.
+* final parameters, AdamW (lr 1e-2): measured ≤ 1.7e-4 at 2 ranks and 2.2e-4 at 4 (Adam divides by
+  sqrt(v), which magnifies the last bits of small gradients into whole lr-sized steps) -> 1e-3,
+  a tenth of one step; a missing gradient sync moves parameters by ~lr per step, ~0.1 over 20 steps.
+
+A gradient that is summed instead of averaged over 2 ranks doubles every SGD step: the parameters
+move by ~lr * |g| ≈ 1e-3..1e-2 more than the reference, four orders of magnitude above 1e-6. AdamW
+hides that bug (its update is invariant to the gradient's scale), which is why both optimizers run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+__all__ = ["CheckFailed", "LOSS_TOL", "PARAM_TOL", "ParamLayout", "assert_losses_match",
+           "assert_params_match", "assert_replicated", "assert_sharded", "expected_shard_rows",
+           "max_abs_diff", "param_layouts"]
+
+LOSS_TOL = 1e-5
+PARAM_TOL = {"sgd": 1e-6, "adamw": 1e-3}
+
+
+class CheckFailed(AssertionError):
+    """A claim of the site did not hold. The message names the check."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamLayout:
+    """How one parameter is stored on one rank."""
+
+    name: str
+    rank: int
+    is_dtensor: bool
+    placements: str
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]
+
+
+def param_layouts(model: torch.nn.Module, rank: int) -> list[ParamLayout]:
+    """Read, on this rank, what each parameter is: DTensor or not, placements, global/local shape."""
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    for name, p in model.named_parameters():
+        name = name.removeprefix("module.")
+        if isinstance(p, DTensor):
+            out.append(ParamLayout(name, rank, True, str(tuple(p.placements)), tuple(p.shape),
+                                   tuple(p.to_local().shape)))
+        else:
+            out.append(ParamLayout(name, rank, False, "-", tuple(p.shape), tuple(p.shape)))
+    return out
+
+
+def expected_shard_rows(dim0: int, rank: int, world_size: int) -> int:
+    """Rows of dim 0 that ``rank`` holds under FSDP2's ``Shard(0)``: ``torch.chunk`` semantics,
+    ceil-sized chunks with the remainder (possibly nothing) on the last ranks."""
+    chunk = math.ceil(dim0 / world_size)
+    start = min(rank * chunk, dim0)
+    return min(start + chunk, dim0) - start
+
+
+def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
+    """Largest ``|a_i - b_i|``; the sequences must have the same length."""
+    if len(a) != len(b):
+        raise CheckFailed(f"length mismatch: {len(a)} vs {len(b)} steps.")
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+def assert_losses_match(run: str, reference: Sequence[float], losses: Sequence[float],
+                        tol: float = LOSS_TOL) -> float:
+    """Every step's loss of ``run`` equals the reference within ``tol``; returns the worst gap."""
+    if len(losses) != len(reference):
+        raise CheckFailed(f"[loss equivalence] {run}: {len(losses)} steps, reference has "
+                          f"{len(reference)}.")
+    gaps = [abs(x - y) for x, y in zip(losses, reference)]
+    worst = max(range(len(gaps)), key=gaps.__getitem__)
+    if not gaps[worst] <= tol:  # `not <=` also catches NaN
+        raise CheckFailed(
+            f"[loss equivalence] {run}: step {worst} loss {losses[worst]:.8f} differs from the "
+            f"single-process reference {reference[worst]:.8f} by {gaps[worst]:.2e} > tol {tol:.0e}.")
+    return gaps[worst]
+
+
+def assert_params_match(run: str, reference: Mapping[str, torch.Tensor],
+                        params: Mapping[str, torch.Tensor], tol: float) -> float:
+    """Every final parameter of ``run`` equals the reference's within ``tol`` (max abs, elementwise);
+    returns the worst gap."""
+    if set(reference) != set(params):
+        missing, extra = sorted(set(reference) - set(params)), sorted(set(params) - set(reference))
+        raise CheckFailed(f"[parameter equivalence] {run}: parameter names differ; missing "
+                          f"{missing}, unexpected {extra}.")
+    worst_name, worst = "", 0.0
+    for name, ref in reference.items():
+        got = params[name]
+        if got.shape != ref.shape:
+            raise CheckFailed(f"[parameter equivalence] {run}: {name} has shape "
+                              f"{tuple(got.shape)}, reference {tuple(ref.shape)}.")
+        gap = (got.double() - ref.double()).abs().max().item()
+        if not gap <= worst:
+            worst_name, worst = name, gap
+    if not worst <= tol:
+        raise CheckFailed(f"[parameter equivalence] {run}: {worst_name} differs from the "
+                          f"single-process reference by {worst:.2e} > tol {tol:.0e}.")
+    return worst
+
+
+def assert_sharded(run: str, layouts: Sequence[ParamLayout], world_size: int) -> None:
+    """Each parameter on each rank is a DTensor with ``(Shard(dim=0),)`` holding its dim-0 chunk."""
+    if not layouts:
+        raise CheckFailed(f"[sharding] {run}: no parameters were reported.")
+    ranks = {lay.rank for lay in layouts}
+    if ranks != set(range(world_size)):
+        raise CheckFailed(f"[sharding] {run}: layouts from ranks {sorted(ranks)}, expected "
+                          f"0..{world_size - 1}.")
+    for lay in layouts:
+        where = f"{lay.name} on rank {lay.rank}"
+        if not lay.is_dtensor:
+            raise CheckFailed(f"[sharding] {run}: {where} is a plain tensor of shape "
+                              f"{lay.global_shape}, not a DTensor: fully_shard was not applied.")
+        if lay.placements != "(Shard(dim=0),)":
+            raise CheckFailed(f"[sharding] {run}: {where} has placements {lay.placements}, "
+                              "expected (Shard(dim=0),).")
+        rows = expected_shard_rows(lay.global_shape[0], lay.rank, world_size)
+        expected = (rows, *lay.global_shape[1:])
+        if lay.local_shape != expected:
+            raise CheckFailed(f"[sharding] {run}: {where} holds a local shard of shape "
+                              f"{lay.local_shape}; Shard(0) over {world_size} ranks gives "
+                              f"{expected} (global {lay.global_shape}).")
+
+
+def assert_replicated(run: str, layouts: Sequence[ParamLayout],
+                      full_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Each DDP parameter on each rank is a plain tensor of the full shape: DDP replicates."""
+    for lay in layouts:
+        if lay.is_dtensor or lay.local_shape != full_shapes[lay.name]:
+            raise CheckFailed(f"[replication] {run}: {lay.name} on rank {lay.rank} has local shape "
+                              f"{lay.local_shape}, expected the full {full_shapes[lay.name]}.")

@@ -1,0 +1,76 @@
+"""One figure style for the site: readable at thumbnail size, labelled axes with units, one message
+per chart. Examples call the chart functions here so that no two pages draw the same thing twice."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
+    # Headless docs builds and `python example.py` on a server: draw to files, never to a window.
+    import os
+
+    if not os.environ.get("DISPLAY") and not os.environ.get("MPLBACKEND"):
+        matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["COLORS", "STYLE", "loss_comparison", "style"]
+
+#: One colour per run kind, used on every page.
+COLORS = {"reference": "#222222", "DDP": "#1f77b4", "FSDP2": "#d62728", "ZeRO-1": "#2ca02c"}
+
+STYLE = {
+    "figure.dpi": 110,
+    "font.size": 11,
+    "axes.titlesize": 12,
+    "axes.labelsize": 11,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.frameon": False,
+    "figure.constrained_layout.use": True,
+}
+
+#: Where an exact zero is drawn on a log axis (and labelled "bitwise equal").
+FLOOR = 1e-10
+
+
+def style() -> None:
+    """Apply the site's matplotlib style (called by every chart function)."""
+    plt.rcParams.update(STYLE)
+
+
+def loss_comparison(reference: Mapping[str, Sequence[float]],
+                    runs: Mapping[str, Mapping[str, Sequence[float]]],
+                    world_size: int) -> plt.Figure:
+    """Top row: loss per step for the reference and each distributed run, one column per optimizer.
+    Bottom row: ``|loss - reference|`` on a log scale, zeros drawn at :data:`FLOOR`."""
+    style()
+    cols = list(reference)
+    fig, axes = plt.subplots(2, len(cols), figsize=(5.2 * len(cols), 6.4), sharex=True,
+                             squeeze=False, height_ratios=[3, 2])
+    for j, opt in enumerate(cols):
+        top, bottom = axes[0, j], axes[1, j]
+        steps = range(len(reference[opt]))
+        top.plot(steps, reference[opt], color=COLORS["reference"], lw=4, alpha=0.35,
+                 label="1 process, full batch")
+        for k, (name, losses) in enumerate(runs[opt].items()):
+            top.plot(steps, losses, color=COLORS[name], lw=1.6, ls=("-", "--")[k % 2],
+                     label=f"{name}, {world_size} ranks")
+            gaps = [max(abs(a - b), FLOOR) for a, b in zip(losses, reference[opt])]
+            bottom.plot(steps, gaps, "o-" if k == 0 else "s--", color=COLORS[name], ms=4,
+                        lw=1, label=name, alpha=0.8)
+        top.set_title(f"{opt.upper() if opt == 'sgd' else 'AdamW'}")
+        top.set_ylabel("training loss (nats/token)")
+        top.legend(loc="upper right")
+        bottom.set_yscale("log")
+        bottom.set_ylim(FLOOR / 3, 1e-4)
+        bottom.axhline(FLOOR, color="grey", lw=0.8, ls=":")
+        bottom.text(0, FLOOR * 1.6, "bitwise equal", color="grey", fontsize=9)
+        bottom.set_ylabel("|loss − reference| (nats)")
+        bottom.set_xlabel("training step")
+        bottom.legend(loc="upper left", ncols=2)
+    return fig
