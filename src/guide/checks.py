@@ -14,7 +14,7 @@ full batch; the gap is reduction order, never a bug):
   a tenth of one step; a missing gradient sync moves parameters by ~lr per step, ~0.1 over 20 steps.
 
 A gradient that is summed instead of averaged over 2 ranks doubles every SGD step: the parameters
-move by ~lr * |g| ≈ 1e-3..1e-2 more than the reference, four orders of magnitude above 1e-6. AdamW
+move by about ``lr * abs(g)`` ≈ 1e-3..1e-2 more than the reference, four orders of magnitude above 1e-6. AdamW
 hides that bug (its update is invariant to the gradient's scale), which is why both optimizers run.
 """
 

@@ -53,6 +53,7 @@ __all__ = [
     "RankDied",
     "RankError",
     "RankHung",
+    "RankOutOfMemory",
     "RankRaised",
     "JobTimeout",
     "launch",
@@ -76,6 +77,8 @@ _PRELOAD = [
 _GRACE_S = 2.0
 
 _GLOO_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_OOM = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory|MemoryError")
+_OOM_BYTES = re.compile(r"tried to allocate (\d+) bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +119,17 @@ class RankRaised(RankError):
         self.remote_traceback = remote_traceback
 
 
+class RankOutOfMemory(RankRaised):
+    """A rank could not allocate memory. ``requested_bytes`` is what it asked for (when the
+    allocator said), ``limit_mib`` the per-rank budget it ran under (``None`` without one)."""
+
+    def __init__(self, message: str, rank: int, exc_type: str, remote_traceback: str,
+                 requested_bytes: int | None, limit_mib: int | None, details: str = "") -> None:
+        super().__init__(message, rank, exc_type, remote_traceback, details)
+        self.requested_bytes = requested_bytes
+        self.limit_mib = limit_mib
+
+
 class RankDied(RankError):
     """A rank exited without raising: killed by a signal or ``os._exit``."""
 
@@ -151,6 +165,7 @@ def launch(
     deadline_s: float = 600.0,
     collective_timeout_s: float = 30.0,
     threads_per_rank: int | None = None,
+    memory_limit_mib: int | None = None,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn(rank, *args, **kwargs)`` on ``world_size`` ranks; return the results in rank order.
@@ -159,7 +174,10 @@ def launch(
     CPU before they travel. ``collective_timeout_s`` is the process group's timeout: how long a rank
     waits in a collective for a peer that does not come. ``deadline_s`` bounds the whole job.
     ``threads_per_rank`` defaults to ``cores // world_size`` (at least 1): oversubscribing two cores
-    made DDP 2.7–4.2× slower.
+    made DDP 2.7–4.2× slower. ``memory_limit_mib`` caps each local rank's data segment
+    (``RLIMIT_DATA``) before the worker runs, so over-use becomes a real allocation failure,
+    reported as :class:`RankOutOfMemory`; it also sets glibc's mmap threshold to 64 KiB in the rank,
+    without which heap fragmentation, not the model, decides who fits.
 
     Raises :class:`RankRaised`, :class:`RankDied`, :class:`RankHung` or :class:`JobTimeout` naming the
     rank at fault, and :class:`LaunchError` for a request that cannot run.
@@ -176,9 +194,13 @@ def launch(
     _check_torch()
     if under_torchrun():
         return _launch_in_torchrun(fn, world_size, args, kwargs, collective_timeout_s)
+    if memory_limit_mib is not None and (isinstance(memory_limit_mib, bool) or
+                                         not isinstance(memory_limit_mib, int) or memory_limit_mib < 1):
+        raise LaunchError(f"memory_limit_mib must be a positive integer, got {memory_limit_mib!r}.")
     cores = os.cpu_count() or 1
     threads = threads_per_rank or max(1, cores // world_size)
-    return _launch_local(fn, world_size, args, kwargs, deadline_s, collective_timeout_s, threads)
+    return _launch_local(fn, world_size, args, kwargs, deadline_s, collective_timeout_s, threads,
+                         memory_limit_mib)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -266,7 +288,8 @@ def _context():
     return ctx
 
 
-def _launch_local(fn, world_size, args, kwargs, deadline_s, collective_timeout_s, threads):
+def _launch_local(fn, world_size, args, kwargs, deadline_s, collective_timeout_s, threads,
+                  memory_limit_mib=None):
     import cloudpickle
     import torch.distributed as dist
 
@@ -280,7 +303,7 @@ def _launch_local(fn, world_size, args, kwargs, deadline_s, collective_timeout_s
     workdir = Path(tempfile.mkdtemp(prefix="guide-launch-"))
     ctx = _context()
     spec = _Spec(world_size, port, payload, str(workdir), collective_timeout_s, threads, os.getpid(),
-                 _loopback_ifname())
+                 _loopback_ifname(), memory_limit_mib)
     procs = []
     try:
         with _main_hidden():
@@ -289,7 +312,7 @@ def _launch_local(fn, world_size, args, kwargs, deadline_s, collective_timeout_s
                                    daemon=True)
                 proc.start()
                 procs.append(proc)
-        _supervise(procs, workdir, deadline_s, collective_timeout_s)
+        _supervise(procs, workdir, deadline_s, collective_timeout_s, memory_limit_mib)
         return [_read_result(workdir, rank) for rank in range(world_size)]
     finally:
         for proc in procs:
@@ -312,9 +335,11 @@ class _Spec:
     threads: int
     parent_pid: int
     loopback: str | None
+    memory_limit_mib: int | None
 
 
-def _supervise(procs, workdir: Path, deadline_s: float, collective_timeout_s: float) -> None:
+def _supervise(procs, workdir: Path, deadline_s: float, collective_timeout_s: float,
+               memory_limit_mib: int | None = None) -> None:
     """Wait for the ranks; on the first failure or at the deadline, kill the rest and raise."""
     start = time.monotonic()
     seen_dead: dict[int, float] = {}
@@ -328,7 +353,7 @@ def _supervise(procs, workdir: Path, deadline_s: float, collective_timeout_s: fl
                     first_failure = time.monotonic()
         alive = [p for p in procs if p.exitcode is None]
         if first_failure is not None and (not alive or time.monotonic() - first_failure > _GRACE_S):
-            _raise_failure(procs, workdir, seen_dead, collective_timeout_s)
+            _raise_failure(procs, workdir, seen_dead, collective_timeout_s, memory_limit_mib)
         if not alive:
             return
         if time.monotonic() - start > deadline_s:
@@ -370,7 +395,8 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code} without raising"
 
 
-def _raise_failure(procs, workdir: Path, seen_dead: dict[int, float], collective_timeout_s) -> None:
+def _raise_failure(procs, workdir: Path, seen_dead: dict[int, float], collective_timeout_s,
+                   memory_limit_mib: int | None) -> None:
     ws = len(procs)
     hung = [r for r, p in enumerate(procs) if p.exitcode is None]
     stacks = _dump_stacks(procs, workdir) if hung else ""
@@ -398,6 +424,16 @@ def _raise_failure(procs, workdir: Path, seen_dead: dict[int, float], collective
             f"{collective_timeout_s:g} s for it in a collective. Rank {root}'s error: "
             f"{err['type']}: {err['message'].strip().splitlines()[0] if err['message'].strip() else ''}",
             hung[0], details + "\n\n" + stacks)
+    if err and _OOM.search(err["message"]):
+        match = _OOM_BYTES.search(err["message"])
+        requested = int(match[1]) if match else None
+        limit = memory_limit_mib
+        raise RankOutOfMemory(
+            f"rank {root} of {ws} ran out of memory: it tried to allocate "
+            f"{'an unknown amount' if requested is None else f'{requested / 2**20:.1f} MiB'}"
+            f"{'' if limit is None else f' with a budget of {limit} MiB per rank'}.\n\n"
+            f"Traceback from rank {root}:\n{err['traceback']}",
+            root, err["type"], err["traceback"], requested, limit, details)
     if err:
         first_line = err["message"].strip().splitlines()[0] if err["message"].strip() else ""
         raise RankRaised(
@@ -440,6 +476,9 @@ def _rank_main(rank: int, spec: _Spec) -> None:
                               timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=spec.world_size,
                                 timeout=timeout)
+        _check_gloo_avg(rank, spec.world_size)
+        if spec.memory_limit_mib is not None:
+            _limit_memory(spec.memory_limit_mib)
         result = fn(Rank(rank, spec.world_size, torch.device("cpu"), "gloo"), *args, **kwargs)
         tmp = workdir / f"rank{rank}.result.tmp"
         with tmp.open("wb") as f:
@@ -455,6 +494,38 @@ def _rank_main(rank: int, spec: _Spec) -> None:
         sys.stderr.flush()
         os._exit(1)
     os._exit(0)
+
+
+def _check_gloo_avg(rank: int, world_size: int) -> None:
+    """Refuse to train where gloo's AVG reduce-scatter sums (pytorch#162338, torch <= 2.8): FSDP2
+    reduces fp32 gradients with it, and the bug silently scales every gradient by world_size."""
+    import torch
+    import torch.distributed as dist
+
+    if world_size == 1:
+        return
+    out = torch.empty(1)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    reduce_scatter(out, torch.full((world_size,), float(rank)), op=dist.ReduceOp.AVG)
+    expected = (world_size - 1) / 2
+    if abs(out.item() - expected) > 1e-6:
+        raise LaunchError(
+            f"gloo reduce_scatter_tensor(op=AVG) returned {out.item()} instead of the mean "
+            f"{expected}: this torch ({torch.__version__}) has the gloo AVG bug (pytorch#162338) and "
+            f"FSDP2 gradients would be {world_size}x too large. Upgrade torch (>= 2.9).")
+
+
+def _limit_memory(limit_mib: int) -> None:
+    """Cap this rank's data segment and make big allocations use mmap, so that freed memory really
+    returns to the system (the default heap fragments: both DDP and FSDP2 then fail a tight cap)."""
+    import ctypes
+    import resource
+
+    m_mmap_threshold = -3
+    ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, 64 * 1024)
+    limit = limit_mib * 2**20
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    os.environ["GUIDE_MEMORY_LIMIT_MIB"] = str(limit_mib)
 
 
 def _teardown() -> None:
