@@ -8,6 +8,7 @@ One concept per module:
 * :mod:`guide.training` -- the plain training loop and the single-process reference run.
 * :mod:`guide.checks` -- the assertions that fail the build: equivalence and sharding.
 * :mod:`guide.plotting` -- one figure style for the whole site.
+* :mod:`guide.peak_memory` -- a rank's measured peak memory during a step (VmHWM on CPU, CUDA allocator stats).
 """
 
 from __future__ import annotations
