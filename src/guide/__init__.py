@@ -8,6 +8,7 @@ One concept per module:
 * :mod:`guide.training` -- the plain training loop and the single-process reference run.
 * :mod:`guide.checks` -- the assertions that fail the build: equivalence and sharding.
 * :mod:`guide.plotting` -- one figure style for the whole site.
+* :mod:`guide.comm` -- count each collective a rank issues; the 2Ψ-vs-3Ψ model; lower-bound times.
 * :mod:`guide.peak_memory` -- a rank's measured peak memory during a step (VmHWM on CPU, CUDA allocator stats).
 * :mod:`guide.memory` -- per-rank model-state bytes (DDP, ZeRO-1, FSDP2) by the ZeRO model; the ``guide-memory`` calculator.
 * :mod:`guide.model_state` -- measure the parameter, gradient and optimizer bytes a rank really holds.
