@@ -59,11 +59,16 @@ from torch import nn
 
 __all__ = [
     "KINDS",
+    "KIND_COLORS",
     "ELEMENT_TOL",
     "Collective",
     "CollectiveLog",
     "FSDPGroup",
     "Link",
+    "WIRE_TOL",
+    "bytes_chart",
+    "check_volume",
+    "check_wire",
     "compute_seconds",
     "count_ddp_allreduce",
     "ddp_step",
@@ -76,11 +81,16 @@ __all__ = [
     "summarize",
     "wire_bytes_written",
     "zero1_step",
+    "zero_bytes",
     "zero_volume",
 ]
 
 #: How far measured element counts may sit from the analytical model (relative) before a page fails.
 ELEMENT_TOL = 0.02
+
+#: How far a rank's measured wire bytes (``wchar``) may sit from the gloo model (relative). Measured
+#: gaps are 0.1-0.5 % on the site's model (gloo's message headers).
+WIRE_TOL = 0.02
 
 #: The ``torch.distributed`` functions :class:`CollectiveLog` wraps, and the kind each one records.
 #: The value is a function of the call's bound arguments returning the tensor whose size is the
@@ -490,6 +500,12 @@ def zero_volume(c: Collective) -> int:
     return c.numel * (2 if c.kind == "all_reduce" else 1)
 
 
+def zero_bytes(c: Collective) -> int:
+    """:func:`zero_volume` in bytes: the elements ZeRO counts, times the collective's element size.
+    This is where dtypes enter: a bf16 all-gather counts half the bytes of an fp32 one."""
+    return c.bytes * (2 if c.kind == "all_reduce" else 1)
+
+
 def ring_bytes(c: Collective, world_size: int | None = None) -> float:
     """Bytes one rank sends for ``c`` under the ring algorithm: ``(N-1)/N`` of the buffer for an
     all-gather, reduce-scatter or broadcast (averaged over ranks), ``2(N-1)/N`` for an all-reduce.
@@ -538,3 +554,96 @@ def compute_seconds(n_params: float, tokens: float, peak_flops: float, fraction_
     if not 0 < fraction_of_peak <= 1:
         raise ValueError(f"fraction_of_peak must be in (0, 1], got {fraction_of_peak!r}.")
     return 6 * n_params * tokens / (peak_flops * fraction_of_peak)
+
+
+# -- checks that fail the build ---------------------------------------------------------------------
+
+def check_volume(run: str, measured: Sequence[Collective], expected: Sequence[Collective],
+                 steps: int, tol: float = ELEMENT_TOL,
+                 exact_calls: Sequence[str] = ("all_gather", "reduce_scatter", "broadcast"),
+                 ) -> dict[tuple[str, str], tuple[float, int, float]]:
+    """Compare ``measured`` (all records of ``steps`` steps) with one step of ``expected``.
+
+    For each ``(kind, dtype)`` the measured elements per step must sit within ``tol`` (relative) of
+    the model, and for the kinds in ``exact_calls`` the calls per step must match exactly (DDP's
+    all-reduce is left out by default: how many buckets it uses is DDP's choice). Raises
+    :class:`guide.checks.CheckFailed` naming the run, kind and dtype; returns
+    ``{(kind, dtype): (measured elements/step, model elements/step, relative gap)}``.
+    """
+    from guide.checks import CheckFailed
+
+    got, want = summarize(measured, steps), summarize(expected)
+    if set(got) != set(want):
+        raise CheckFailed(
+            f"[comm volume] {run}: issued {sorted(got)} (kind, dtype) per step, the model says "
+            f"{sorted(want)}.")
+    out = {}
+    for key, row in want.items():
+        m, e = got[key]["numel"], row["numel"]
+        gap = abs(m - e) / e if e else float(m != 0)
+        if gap > tol:
+            raise CheckFailed(
+                f"[comm volume] {run}: {key[0]} in {key[1]} moved {m:,.0f} elements per step, the "
+                f"model says {e:,} (gap {gap:.2%} > {tol:.0%}).")
+        if key[0] in exact_calls and got[key]["calls"] != row["calls"]:
+            raise CheckFailed(
+                f"[comm calls] {run}: {got[key]['calls']:g} {key[0]} calls in {key[1]} per step, "
+                f"the model says {row['calls']}.")
+        out[key] = (m, e, gap)
+    return out
+
+
+def check_wire(run: str, wire_bytes_per_rank: Sequence[int | None], expected_per_rank: float,
+               steps: int, tol: float = WIRE_TOL) -> list[float]:
+    """Each rank's measured wire bytes per step must sit within ``tol`` of ``expected_per_rank``
+    (e.g. the sum of :func:`gloo_bytes` over one step's model). Raises
+    :class:`guide.checks.CheckFailed` naming the run and rank; returns the bytes per step per rank."""
+    from guide.checks import CheckFailed
+
+    if any(w is None for w in wire_bytes_per_rank):
+        raise CheckFailed(f"[comm wire] {run}: /proc/self/io is not readable here; no wire bytes.")
+    per_step = [w / steps for w in wire_bytes_per_rank]
+    for rank, w in enumerate(per_step):
+        gap = abs(w - expected_per_rank) / expected_per_rank
+        if gap > tol:
+            raise CheckFailed(
+                f"[comm wire] {run}: rank {rank} wrote {w:,.0f} B per step, the gloo model says "
+                f"{expected_per_rank:,.0f} B (gap {gap:.2%} > {tol:.0%}).")
+    return per_step
+
+
+# -- the chart --------------------------------------------------------------------------------------
+
+#: One colour per collective kind (the strategy colours live in :data:`guide.plotting.COLORS`).
+KIND_COLORS = {"all_gather": "#9467bd", "reduce_scatter": "#ff7f0e", "all_reduce": "#1f77b4",
+               "broadcast": "#2ca02c", "all_to_all": "#8c564b", "reduce": "#7f7f7f"}
+
+
+def bytes_chart(runs: Mapping[str, Sequence[Collective]], measured_wire: Mapping[str, float],
+                world_size: int, unit: float = 2**10, unit_name: str = "KiB"):
+    """Bars: bytes one rank sends per step under the ring model (what nccl's native collectives
+    approach), stacked by collective kind, one bar per run (``runs``: one step of collectives each).
+    Diamonds: what gloo actually wrote per rank per step (``measured_wire``)."""
+    import matplotlib.pyplot as plt
+
+    from guide import plotting
+
+    plotting.style()
+    fig, ax = plt.subplots(figsize=(8.6, 4.4))
+    names = list(runs)
+    for i, name in enumerate(names):
+        bottom = 0.0
+        for kind in KINDS:
+            b = sum(ring_bytes(c, world_size) for c in runs[name] if c.kind == kind) / unit
+            if b:
+                ax.bar(i, b, bottom=bottom, color=KIND_COLORS[kind], width=0.6,
+                       label=kind.replace("_", "-") if i == names.index(next(
+                           n for n in names if any(c.kind == kind for c in runs[n]))) else None)
+                bottom += b
+    ax.scatter(range(len(names)), [measured_wire[n] / unit for n in names], marker="D", s=60,
+               color="black", zorder=3, label="gloo, measured (wchar)")
+    ax.set_xticks(range(len(names)), [n.replace(", ", "\n") for n in names], fontsize=9)
+    ax.set_ylabel(f"sent per rank per step ({unit_name})")
+    ax.set_title(f"Bytes on the wire per step, {world_size} ranks: ring model (bars) vs gloo (◆)")
+    ax.legend(loc="upper left", fontsize=9)
+    return fig
