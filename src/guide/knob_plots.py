@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 
 from guide.plotting import COLORS, FLOOR, style
 
-__all__ = ["gap_vs_bound"]
+__all__ = ["clip_norms", "gap_vs_bound"]
 
 _CYCLE = ("#d62728", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 
@@ -34,4 +34,28 @@ def gap_vs_bound(gaps: Mapping[str, Sequence[float]],
     ax.set_title("bf16 compute stays far inside one bf16 rounding of the loss")
     ax.legend(loc="lower right", fontsize=9, ncols=2)
     ax.axhline(FLOOR, color=COLORS["reference"], lw=0.6, ls=":")
+    return fig
+
+
+def clip_norms(reference: Sequence[float], runs: Mapping[str, Sequence[float]],
+               local: Mapping[str, Sequence[float]], max_norm: float) -> plt.Figure:
+    """Gradient norm per step: the reference (thick grey), each distributed run's
+    ``clip_grad_norm_`` result (dashed), the per-rank local-shard norms (thin, dotted) and
+    ``max_norm`` (a horizontal line)."""
+    style()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    steps = range(len(reference))
+    ax.plot(steps, reference, color=COLORS["reference"], lw=5, alpha=0.3,
+            label="1 process, unsharded gradient")
+    for name, norms in runs.items():
+        ax.plot(steps, norms, "--", color=COLORS.get(name.split()[0], _CYCLE[0]), lw=1.8,
+                label=f"{name}: clip_grad_norm_")
+    for color, (name, norms) in zip(_CYCLE[1:], local.items()):
+        ax.plot(steps, norms, ":", marker=".", color=color, lw=1.2, label=name)
+    ax.axhline(max_norm, color="grey", lw=1, ls="-.", label=f"max_norm = {max_norm:g}")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("gradient 2-norm (before clipping)")
+    ax.set_title("clip_grad_norm_ on DTensors returns the global norm, not a shard's")
+    ax.legend(loc="upper right", fontsize=9)
     return fig

@@ -1,0 +1,68 @@
+"""A training step taken apart: the pieces the FSDP2-knob pages write their own loops with.
+
+:func:`guide.training.train_steps` is the whole step in one call. The pages on gradient accumulation
+and gradient clipping need to put something *between* backward and the optimizer step (a skipped
+gradient sync, a ``clip_grad_norm_``), so they write the loop themselves, from these pieces:
+
+* :func:`next_token_loss`: the loss of one token batch, the same objective as ``train_steps``;
+* :func:`micro_batches`: a global batch of ``k * B`` sequences as ``k`` micro-batches of ``B``;
+* :func:`local_grad_norm`: the gradient norm one rank could compute alone, from its own shards.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["local_grad_norm", "micro_batches", "next_token_loss"]
+
+
+def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting ``tokens[:, 1:]`` from ``tokens[:, :-1]`` (a ``(B, T+1)``
+    batch): the loss :func:`guide.training.train_steps` minimises. The logits are taken in fp32
+    (a no-op for an fp32 model) so that a low-precision forward does not round the loss itself."""
+    if tokens.dim() != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"tokens must be a (batch, seq_len + 1) tensor with seq_len >= 1, got shape "
+                         f"{tuple(tokens.shape)}.")
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    logits = model(inputs)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def micro_batches(batches: torch.Tensor, k: int) -> torch.Tensor:
+    """Split each global batch of ``(steps, k * B, T+1)`` into ``k`` consecutive micro-batches:
+    ``(steps, k, B, T+1)``, micro-batch ``m`` holding rows ``[m*B, (m+1)*B)``.
+
+    Accumulating the gradients of the ``k`` micro-batches, each loss divided by ``k``, gives the
+    gradient of the mean loss over all ``k * B`` rows: the gradient of one step on the big batch.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (micro-batches per step) must be a positive integer, got {k!r}.")
+    if batches.dim() != 3:
+        raise ValueError(f"batches must be (steps, batch, seq_len + 1), got shape "
+                         f"{tuple(batches.shape)}.")
+    if batches.shape[1] % k:
+        raise ValueError(f"a batch of {batches.shape[1]} sequences does not split into {k} equal "
+                         f"micro-batches; use a batch size divisible by {k}.")
+    return batches.unflatten(1, (k, batches.shape[1] // k))
+
+
+def local_grad_norm(model: nn.Module) -> float:
+    """The 2-norm of the gradients *this rank holds*: for FSDP2, the norm of its shards only.
+
+    Under ``Shard(0)`` the ranks' shards partition every gradient, so the squares of the ranks'
+    local norms add up to the square of the true norm. A rank that clipped with its local norm
+    would scale its shards by a different factor than its peers: the full gradient would no longer
+    point where the unsharded one does.
+    """
+    from torch.distributed.tensor import DTensor
+
+    total = 0.0
+    for p in model.parameters():
+        if p.grad is not None:
+            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            total += float(g.detach().double().pow(2).sum())
+    return math.sqrt(total)
