@@ -5,6 +5,7 @@ The launched tests run 2 gloo ranks (a few seconds each); the rest are pure arit
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import guide
-from guide import comm
+from guide import checks, comm
 from guide.comm import Collective, CollectiveLog, FSDPGroup
 
 
@@ -158,9 +159,9 @@ def _ddp_worker(rank: guide.Rank, hook: bool) -> tuple[list[Collective], int | N
     return log.records, log.wire_bytes
 
 
-def _fsdp_worker(rank: guide.Rank) -> tuple[list[Collective], list[FSDPGroup]]:
+def _fsdp_worker(rank: guide.Rank) -> tuple[list[Collective], list[FSDPGroup], int | None]:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from guide.data import synthetic_batches
     from guide.model import ModelConfig, build_model
@@ -170,18 +171,19 @@ def _fsdp_worker(rank: guide.Rank) -> tuple[list[Collective], list[FSDPGroup]]:
     batches = synthetic_batches(steps=2, batch_size=4, seq_len=8, vocab=cfg.vocab)
     model = build_model(cfg)
     mesh = init_device_mesh("cpu", (rank.world_size,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     groups = []
     for block in model.blocks:
         groups.append(FSDPGroup.of(block.parameters(), True))
-        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        fully_shard(block, mesh=mesh, reshard_after_forward=True, mp_policy=mp)
     owned = {id(p) for b in model.blocks for p in b.parameters()}
     groups.insert(0, FSDPGroup.of([p for p in model.parameters() if id(p) not in owned], False))
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     opt = make_optimizer("sgd", model.parameters())
     train_steps(model, opt, batches[:1], rank.rank, rank.world_size)
     with CollectiveLog(model) as log:
         train_steps(model, opt, batches[1:], rank.rank, rank.world_size)
-    return log.records, groups
+    return log.records, groups, log.wire_bytes
 
 
 def test_ddp_allreduce_is_counted_only_with_the_hook():
@@ -201,9 +203,17 @@ def test_ddp_allreduce_is_counted_only_with_the_hook():
     assert wire > psi * 4  # ... though the bytes still went over the wire
 
 
-def test_fsdp2_collectives_match_the_model_exactly():
-    records, groups = guide.launch(_fsdp_worker, 2)[0]
-    expected = comm.fsdp2_step(groups, 2)
+@pytest.fixture(scope="module")
+def fsdp2_run():
+    """Rank 0's records, the fully_shard groups, and both ranks' wire bytes, for one counted step."""
+    results = guide.launch(_fsdp_worker, 2)
+    records, groups, _ = results[0]
+    return records, groups, [w for *_, w in results]
+
+
+def test_fsdp2_collectives_match_the_model_exactly(fsdp2_run):
+    records, groups, _ = fsdp2_run
+    expected = comm.fsdp2_step(groups, 2, torch.bfloat16, torch.float32)
     # the same calls (FSDP2 prefetches the next backward all-gather before the current
     # reduce-scatter, so the order differs from the model's listing; the multiset does not)
     assert sorted((c.kind, c.dtype, c.numel, c.phase) for c in records) == \
@@ -211,3 +221,35 @@ def test_fsdp2_collectives_match_the_model_exactly():
     padded = sum(c.numel for c in expected if c.kind == "reduce_scatter")
     unpadded = sum(math.prod(s) for g in groups for s in g.shapes)
     assert padded - unpadded == 2 * 64  # one padding row each for tok_emb and head
+    comm.check_volume("fsdp2", records, expected, steps=1)
+
+
+def test_check_volume_catches_a_wrong_model(fsdp2_run):
+    records, groups, _ = fsdp2_run
+    wrong = {
+        "fp32 all-gathers": comm.fsdp2_step(groups, 2),
+        "no backward all-gather": comm.fsdp2_step(
+            [FSDPGroup(g.shapes, False) for g in groups], 2, torch.bfloat16, torch.float32),
+        "DDP": comm.ddp_step([s for g in groups for s in g.shapes], 2),
+    }
+    for name, model in wrong.items():
+        with pytest.raises(checks.CheckFailed, match=r"\[comm (volume|calls)\] run-x"):
+            comm.check_volume("run-x", records, model, steps=1)
+
+
+def test_check_volume_needs_the_padding():
+    shapes = [(3,), (5,)]  # at 4 ranks: padded to 4 + 8 = 12 elements, 8 without padding
+    measured = comm.fsdp2_step([FSDPGroup(tuple(shapes))], 4)
+    unpadded = [dataclasses.replace(c, numel=8, bytes=32) for c in measured]
+    comm.check_volume("padded", measured, measured, steps=1)
+    with pytest.raises(checks.CheckFailed, match="all_gather in float32 moved 24 elements per step, the model says 16"):
+        comm.check_volume("padded", measured, unpadded, steps=1)
+
+
+def test_wire_bytes_show_gloo_runs_reduce_scatter_as_all_reduce(fsdp2_run):
+    records, groups, wire = fsdp2_run
+    step = comm.fsdp2_step(groups, 2, torch.bfloat16, torch.float32)
+    comm.check_wire("fsdp2", wire, sum(comm.gloo_bytes(c) for c in step), steps=1)
+    # the ring model (a native reduce-scatter) is what gloo does *not* do: the check must say so
+    with pytest.raises(checks.CheckFailed, match=r"\[comm wire\] fsdp2: rank 0"):
+        comm.check_wire("fsdp2", wire, sum(comm.ring_bytes(c) for c in step), steps=1)
