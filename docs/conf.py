@@ -46,6 +46,12 @@ sphinx_gallery_conf = {
     "remove_config_comments": True,
     # Re-run an example when guide changes, not only when the example does (see _stale_examples).
     "run_stale_examples": False,
+    # Names from ``guide`` in example code link to this site's API pages (works offline); torch and
+    # Python names link to their docs through the intersphinx inventories below, when reachable.
+    "reference_url": {"guide": None},
+    # Where the landing page's minigallery looks examples up (kept inside the ignored gallery dir).
+    "backreferences_dir": "auto_examples/backreferences",
+    "doc_module": ("guide",),
 }
 
 # MyST-NB: execute notebook pages on every build from a cache keyed by their content; a failing cell
@@ -56,6 +62,8 @@ nb_execution_raise_on_error = True
 nb_execution_timeout = 600
 nb_execution_show_tb = True
 myst_enable_extensions = ["dollarmath", "colon_fence"]
+# Markdown a cell displays (display(Markdown(...))) is parsed as MyST: tables, roles and links work.
+nb_render_markdown_format = "myst"
 
 
 
@@ -88,11 +96,20 @@ autodoc_typehints = "description"
 html_theme = "pydata_sphinx_theme"
 html_title = "DDP vs FSDP2, measured"
 html_static_path = ["_static"]
+html_css_files = ["guide.css"]  # figures fit a phone-width screen
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc", "sourcelink"],
+    # Search and the light/dark switch are pydata-sphinx-theme's own; keep both in the header.
+    "navbar_persistent": ["search-button"],
+    "navbar_end": ["theme-switcher", "navbar-icon-links"],
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version", "theme-version"],
 }
+# Copy buttons (sphinx-copybutton) copy commands without their prompts or outputs.
+copybutton_prompt_text = r">>> |\.\.\. |\$ "
+copybutton_prompt_is_regexp = True
 
 
 def _invalidate_on_guide_change() -> None:
