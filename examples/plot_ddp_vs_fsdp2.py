@@ -67,9 +67,10 @@ REFERENCE = {opt: reference_run(CFG, opt, BATCHES) for opt in ("sgd", "adamw")}
 
 def ddp_worker(rank: guide.Rank, optimizer: str) -> dict:
     model = DDP(build_model(CFG, device=rank.device))
+    initial = full_state(model)
     opt = make_optimizer(optimizer, model.parameters())
     losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
-    return {"losses": losses, "params": full_state(model),
+    return {"initial": initial, "losses": losses, "params": full_state(model),
             "layouts": checks.param_layouts(model, rank.rank)}
 
 
@@ -89,9 +90,10 @@ def fsdp2_worker(rank: guide.Rank, optimizer: str) -> dict:
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    initial = full_state(model)  # all-gathers the shards: the model the ranks jointly hold
     opt = make_optimizer(optimizer, model.parameters())  # built on the sharded parameters
     losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
-    return {"losses": losses, "params": full_state(model),
+    return {"initial": initial, "losses": losses, "params": full_state(model),
             "layouts": checks.param_layouts(model, rank.rank)}
 
 
@@ -103,27 +105,32 @@ for opt in ("sgd", "adamw"):
 # %%
 # The checks that fail the build
 # ------------------------------
-# For each strategy and optimizer: every step's global loss (the mean of the ranks' losses, whose
-# batch slices are equal) must match the reference within :data:`guide.checks.LOSS_TOL`, and the
-# trained parameters within :data:`guide.checks.PARAM_TOL`. The tolerances come from measurement:
-# the only gap between one process and N is the order of floating-point additions. SGD catches a
-# gradient that is summed instead of averaged (a 2x step); AdamW, whose update ignores the
-# gradient's scale, would hide it, so both run. Then the storage itself: FSDP2 parameters must be
-# ``DTensor`` with ``(Shard(dim=0),)`` holding this rank's rows; DDP parameters must be full size.
+# First the storage: FSDP2 parameters must be ``DTensor`` with ``(Shard(dim=0),)`` holding this
+# rank's rows of dim 0; DDP parameters must be full size. Then the start: the model the ranks hold
+# before the first step must be the reference's, bit for bit, and after the last step every rank
+# must hold the same parameters (replicas that drift apart were never synchronised). Then every step's global loss (the
+# mean of the ranks' losses, whose batch slices are equal) must match the reference within
+# :data:`guide.checks.LOSS_TOL`, and the trained parameters within :data:`guide.checks.PARAM_TOL`.
+# The tolerances come from measurement: the only gap between one process and N is the order of
+# floating-point additions. SGD catches a gradient that is summed instead of averaged (a 2x step);
+# AdamW, whose update ignores the gradient's scale, would hide it, so both run.
 full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+initial = full_state(model)
 gaps = {}
 for (strategy, opt), results in runs.items():
     run = f"{strategy} x{WORLD_SIZE}, {opt}"
-    ref_losses, ref_params = REFERENCE[opt]
-    losses = mean_over_ranks([r["losses"] for r in results])
-    gaps[run] = (checks.assert_losses_match(run, ref_losses, losses),
-                 checks.assert_params_match(run, ref_params, results[0]["params"],
-                                            checks.PARAM_TOL[opt]))
     layouts = [lay for r in results for lay in r["layouts"]]
     if strategy == "FSDP2":
         checks.assert_sharded(run, layouts, WORLD_SIZE)
     else:
         checks.assert_replicated(run, layouts, full_shapes)
+    checks.assert_same_init(run, initial, results[0]["initial"])
+    checks.assert_ranks_agree(run, [r["params"] for r in results])
+    ref_losses, ref_params = REFERENCE[opt]
+    losses = mean_over_ranks([r["losses"] for r in results])
+    gaps[run] = (checks.assert_losses_match(run, ref_losses, losses),
+                 checks.assert_params_match(run, ref_params, results[0]["params"],
+                                            checks.PARAM_TOL[opt]))
 
 print(f"{'run':<18} {'max |Δloss|':>12} {'tol':>7} {'max |Δparam|':>13} {'tol':>7}")
 for run, (dloss, dparam) in gaps.items():

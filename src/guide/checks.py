@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 __all__ = ["CheckFailed", "LOSS_TOL", "PARAM_TOL", "ParamLayout", "assert_losses_match",
-           "assert_params_match", "assert_replicated", "assert_sharded", "expected_shard_rows",
+           "assert_params_match", "assert_ranks_agree", "assert_replicated", "assert_same_init", "assert_sharded", "expected_shard_rows",
            "max_abs_diff", "param_layouts"]
 
 LOSS_TOL = 1e-5
@@ -87,35 +87,68 @@ def assert_losses_match(run: str, reference: Sequence[float], losses: Sequence[f
         raise CheckFailed(f"[loss equivalence] {run}: {len(losses)} steps, reference has "
                           f"{len(reference)}.")
     gaps = [abs(x - y) for x, y in zip(losses, reference)]
-    worst = max(range(len(gaps)), key=gaps.__getitem__)
-    if not gaps[worst] <= tol:  # `not <=` also catches NaN
+    bad = [i for i, gap in enumerate(gaps) if not gap <= tol]  # `not <=` also catches NaN
+    if bad:
+        first = bad[0]
+        cause = ("the forward pass already differs: different weights or data on the ranks"
+                 if first == 0 else
+                 "step 0 matched, so the update differs: are gradients averaged (not summed) "
+                 "across ranks, and is every rank's slice of the batch used?")
         raise CheckFailed(
-            f"[loss equivalence] {run}: step {worst} loss {losses[worst]:.8f} differs from the "
-            f"single-process reference {reference[worst]:.8f} by {gaps[worst]:.2e} > tol {tol:.0e}.")
-    return gaps[worst]
+            f"[loss equivalence] {run}: from step {first} on, the loss differs from the "
+            f"single-process reference (step {first}: {losses[first]:.8f} vs "
+            f"{reference[first]:.8f}, gap {gaps[first]:.2e} > tol {tol:.0e}; worst gap "
+            f"{max(gaps):.2e}); {cause}")
+    return max(gaps)
 
 
 def assert_params_match(run: str, reference: Mapping[str, torch.Tensor],
-                        params: Mapping[str, torch.Tensor], tol: float) -> float:
-    """Every final parameter of ``run`` equals the reference's within ``tol`` (max abs, elementwise);
-    returns the worst gap."""
+                        params: Mapping[str, torch.Tensor], tol: float,
+                        check: str = "parameter equivalence", hint: str = "") -> float:
+    """Every parameter of ``run`` equals the reference's within ``tol`` (max abs, elementwise);
+    returns the worst gap. ``check`` names the check in the failure message, ``hint`` says what
+    usually causes it."""
     if set(reference) != set(params):
         missing, extra = sorted(set(reference) - set(params)), sorted(set(params) - set(reference))
-        raise CheckFailed(f"[parameter equivalence] {run}: parameter names differ; missing "
+        raise CheckFailed(f"[{check}] {run}: parameter names differ; missing "
                           f"{missing}, unexpected {extra}.")
     worst_name, worst = "", 0.0
     for name, ref in reference.items():
         got = params[name]
         if got.shape != ref.shape:
-            raise CheckFailed(f"[parameter equivalence] {run}: {name} has shape "
+            raise CheckFailed(f"[{check}] {run}: {name} has shape "
                               f"{tuple(got.shape)}, reference {tuple(ref.shape)}.")
         gap = (got.double() - ref.double()).abs().max().item()
         if not gap <= worst:
             worst_name, worst = name, gap
     if not worst <= tol:
-        raise CheckFailed(f"[parameter equivalence] {run}: {worst_name} differs from the "
-                          f"single-process reference by {worst:.2e} > tol {tol:.0e}.")
+        raise CheckFailed(f"[{check}] {run}: {worst_name} differs from the single-process "
+                          f"reference by {worst:.2e} > tol {tol:.0e}.{' ' + hint if hint else ''}")
     return worst
+
+
+def assert_ranks_agree(run: str, per_rank: Sequence[Mapping[str, torch.Tensor]]) -> None:
+    """Every rank ends with the same full parameters. Replicas that drift apart mean gradients were
+    not synchronised (DDP bypassed, a no-op reduction, ``no_sync`` left on)."""
+    for rank, params in enumerate(per_rank[1:], start=1):
+        for name, ref in per_rank[0].items():
+            gap = (params[name].double() - ref.double()).abs().max().item()
+            if not gap == 0.0:
+                raise CheckFailed(
+                    f"[replica consistency] {run}: after training, rank {rank}'s {name} differs "
+                    f"from rank 0's by {gap:.2e}; gradients were not synchronised across ranks.")
+
+
+def assert_same_init(run: str, reference: Mapping[str, torch.Tensor],
+                     params: Mapping[str, torch.Tensor]) -> None:
+    """The model every rank trains starts from the reference's weights, bit for bit.
+
+    DDP passes this even if ranks seed differently (it broadcasts rank 0's weights); FSDP2 does not
+    broadcast, so each rank's shard is whatever that rank built.
+    """
+    assert_params_match(run, reference, params, 0.0, check="initial weights",
+                        hint="The ranks built different initial weights: fully_shard does not "
+                             "broadcast, so every rank must build the model with the same seed.")
 
 
 def assert_sharded(run: str, layouts: Sequence[ParamLayout], world_size: int) -> None:

@@ -77,6 +77,7 @@ _PRELOAD = [
 _GRACE_S = 2.0
 
 _GLOO_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker crashing")
 _OOM = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory|MemoryError")
 _OOM_BYTES = re.compile(r"tried to allocate (\d+) bytes")
 
@@ -402,10 +403,12 @@ def _raise_failure(procs, workdir: Path, seen_dead: dict[int, float], collective
     stacks = _dump_stacks(procs, workdir) if hung else ""
     failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode not in (None, 0)}
     errors = {r: _read_error(workdir, r) for r in failed}
-    # The root cause is the earliest failure: a raising rank records when it raised; a rank that
-    # died without a word is dated by when the launcher saw it go.
-    when = {r: (errors[r]["time"] if errors[r] else seen_dead[r]) for r in failed}
-    root = min(failed, key=lambda r: when[r])
+    # The root cause is the earliest failure that is not merely a peer noticing it ("connection
+    # closed by peer"): a raising rank records when it raised; a rank that died without a word is
+    # dated by when the launcher saw it go.
+    when = {r: (errors[r]["time"] if errors[r] else seen_dead.get(r, time.time())) for r in failed}
+    primary = [r for r in failed if not (errors[r] and _PEER_GONE.search(errors[r]["message"]))]
+    root = min(primary or failed, key=lambda r: when[r])
     story = []
     for r in range(ws):
         if r in failed:

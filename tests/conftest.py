@@ -1,0 +1,37 @@
+"""Shared test plumbing: where things are, and how to run a (possibly fault-injected) example."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+MAIN_EXAMPLE = EXAMPLES / "plot_ddp_vs_fsdp2.py"
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    seconds: float
+
+
+def run_python(script: Path, timeout: float = 240, cwd: Path | None = None) -> Run:
+    """Run ``python script`` as a user would; return exit code, stdout+stderr and wall time."""
+    env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script)], cwd=cwd or script.parent, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return Run(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start)
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT
