@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import guide
-from guide import launch as launch_mod
+from guide import launcher as launch_mod
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -2,7 +2,7 @@
 
 One concept per module:
 
-* :mod:`guide.launch` -- run a worker on N ranks (forkserver + gloo locally, or under torchrun).
+* :mod:`guide.launcher` -- run a worker on N ranks (forkserver + gloo locally, or under torchrun).
 * :mod:`guide.model` -- the mini transformer every example trains.
 * :mod:`guide.data` -- deterministic synthetic token batches and the per-rank slice of a batch.
 * :mod:`guide.training` -- the plain training loop and the single-process reference run.
@@ -29,7 +29,7 @@ def torch_version_ok(version: str) -> bool:
     return bool(match) and (int(match[1]), int(match[2])) >= _MIN_TORCH
 
 
-from guide.launch import (  # noqa: E402 (the version gate above is used by launch)
+from guide.launcher import (  # noqa: E402 (the version gate above is used by launch)
     JobTimeout,
     LaunchError,
     Rank,

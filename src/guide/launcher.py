@@ -70,7 +70,7 @@ _PRELOAD = [
     "torch.nn.parallel",
     "torch._dynamo",
     "cloudpickle",
-    "guide.launch",
+    "guide.launcher",
 ]
 
 #: Seconds the launcher waits, after the first rank fails, for the others to report their own errors.
