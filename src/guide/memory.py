@@ -446,7 +446,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank (default 1)")
     p.add_argument("--unfused-attention", action="store_true",
                    help="keep the 5as/h attention-score term of Korthikanti's formula")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="DDP with gradient_as_bucket_view=True: no separate gradient buckets")
     return p
+
+
+def memory_buckets(arch: Architecture | None, n_params: int, precision: str) -> int:
+    """DDP's bucket bytes for the calculator: from the shapes, or from the count alone."""
+    if arch is not None:
+        return ddp_bucket_bytes(arch.param_shapes(), precision)
+    return n_params * PRECISIONS[precision].grad
 
 
 def _architecture(args: argparse.Namespace) -> Architecture | None:
@@ -464,15 +473,19 @@ def _architecture(args: argparse.Namespace) -> Architecture | None:
     return None
 
 
-def table(rows: Sequence[tuple[str, int, StateBytes, int]]) -> str:
-    """Format (strategy, N, state, activation bytes) rows as a GiB table."""
-    head = (f"{'strategy':<17}{'N':>5}{'params':>10}{'grads':>10}{'optim':>10}{'state':>10}"
-            f"{'activ.':>10}{'total':>10}")
+def table(rows: Sequence[tuple[str, int, StateBytes, int, int]]) -> str:
+    """Format (strategy, N, state, DDP bucket bytes, activation bytes) rows as a GiB table; the
+    activation column appears only when some row has activations."""
+    with_act = any(act for *_, act in rows)
+    head = (f"{'strategy':<17}{'N':>5}{'params':>10}{'grads':>10}{'optim':>10}{'buckets':>10}"
+            + (f"{'activ.':>10}" if with_act else "") + f"{'total':>10}")
     lines = [head + "   GiB per rank", "-" * len(head)]
-    for strategy, n, sb, act in rows:
-        p, g, o, t = sb.gib()
-        lines.append(f"{strategy:<17}{n:>5}{p:>10.2f}{g:>10.2f}{o:>10.2f}{t:>10.2f}"
-                     f"{act / GiB:>10.2f}{(sb.total + act) / GiB:>10.2f}")
+    for strategy, n, sb, buckets, act in rows:
+        p, g, o, _ = sb.gib()
+        line = f"{strategy:<17}{n:>5}{p:>10.2f}{g:>10.2f}{o:>10.2f}{buckets / GiB:>10.2f}"
+        if with_act:
+            line += f"{act / GiB:>10.2f}"
+        lines.append(line + f"{(sb.total + buckets + act) / GiB:>10.2f}")
     return "\n".join(lines)
 
 
@@ -503,7 +516,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else:
                     sb = per_rank_state_bytes(arch.param_shapes(), strategy, n, args.precision,
                                               args.optimizer)
-                rows.append((strategy, n, sb, act))
+                buckets = 0
+                if strategy in ("ddp", "zero1") and not args.bucket_view:
+                    buckets = memory_buckets(arch, n_params, args.precision)
+                rows.append((strategy, n, sb, buckets, act))
     except ValueError as err:
         parser.exit(2, f"guide-memory: error: {err}\n")
     what = args.preset or ("architecture" if arch else "parameter count")
@@ -511,6 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           + (f"; activations for seq {args.seq_len} x micro-batch {args.micro_batch}, "
              f"{'unfused' if args.unfused_attention else 'fused'} attention" if act else ""))
     print(table(rows))
+    if any(row[3] for row in rows):
+        print("buckets: DDP's gradient buckets (gradient_as_bucket_view=False, the default), "
+              "a second copy of the gradients; --bucket-view drops them.")
     return 0
 
 
