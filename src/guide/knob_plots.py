@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 
 from guide.plotting import COLORS, FLOOR, style
 
-__all__ = ["clip_norms", "gap_vs_bound"]
+__all__ = ["clip_norms", "gap_vs_bound", "reshard_tradeoff"]
 
 _CYCLE = ("#d62728", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 
@@ -58,4 +58,35 @@ def clip_norms(reference: Sequence[float], runs: Mapping[str, Sequence[float]],
     ax.set_ylabel("gradient 2-norm (before clipping)")
     ax.set_title("clip_grad_norm_ on DTensors returns the global norm, not a shard's")
     ax.legend(loc="upper right", fontsize=9)
+    return fig
+
+
+def reshard_tradeoff(all_gathers: Mapping[str, Mapping[str, int]], kept_mib: Mapping[str, float],
+                     peak_mib: Mapping[str, float], step_ms: Mapping[str, float],
+                     world_size: int) -> plt.Figure:
+    """Three panels over the ``reshard_after_forward`` settings: all-gathers per step (forward and
+    backward stacked), memory per rank (kept after forward, step peak) and step time."""
+    style()
+    names = list(all_gathers)
+    x = range(len(names))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(11, 3.8))
+    fwd = [all_gathers[n]["forward"] for n in names]
+    bwd = [all_gathers[n]["backward"] for n in names]
+    ax1.bar(x, fwd, color=COLORS["FSDP2"], alpha=0.45, label="forward")
+    ax1.bar(x, bwd, bottom=fwd, color=COLORS["FSDP2"], label="backward")
+    ax1.set_ylabel("all-gathers per step")
+    ax1.legend(loc="lower right")
+    w = 0.38
+    ax2.bar([i - w / 2 for i in x], [kept_mib[n] for n in names], w, color=COLORS["DDP"],
+            label="kept after forward")
+    ax2.bar([i + w / 2 for i in x], [peak_mib[n] for n in names], w, color=COLORS["DDP"],
+            alpha=0.45, label="step peak")
+    ax2.set_ylabel("MiB per rank (vs. True / baseline)")
+    ax2.legend(loc="upper left", fontsize=9)
+    ax3.bar(x, [step_ms[n] for n in names], color="#7f7f7f")
+    ax3.set_ylabel("step time (ms, median; noisy CPU)")
+    for ax in (ax1, ax2, ax3):
+        ax.set_xticks(list(x), names, rotation=20)
+        ax.set_xlabel("reshard_after_forward")
+    fig.suptitle(f"Fewer all-gathers cost memory ({world_size} gloo ranks)")
     return fig

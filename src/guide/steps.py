@@ -6,18 +6,20 @@ gradient sync, a ``clip_grad_norm_``), so they write the loop themselves, from t
 
 * :func:`next_token_loss`: the loss of one token batch, the same objective as ``train_steps``;
 * :func:`micro_batches`: a global batch of ``k * B`` sequences as ``k`` micro-batches of ``B``;
-* :func:`local_grad_norm`: the gradient norm one rank could compute alone, from its own shards.
+* :func:`local_grad_norm`: the gradient norm one rank could compute alone, from its own shards;
+* :func:`measured_step`: one step with the memory its forward leaves behind and its peak.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["local_grad_norm", "micro_batches", "next_token_loss"]
+__all__ = ["PhasedStep", "local_grad_norm", "measured_step", "micro_batches", "next_token_loss"]
 
 
 def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -66,3 +68,38 @@ def local_grad_norm(model: nn.Module) -> float:
             g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             total += float(g.detach().double().pow(2).sum())
     return math.sqrt(total)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhasedStep:
+    """One training step measured by phase, on one rank (see :func:`measured_step`).
+
+    ``held_after_forward_bytes``: memory the forward left behind (activations saved for backward,
+    plus whatever parameters FSDP2 kept unsharded); ``peak_bytes``: the step's peak above the level
+    before the forward; ``loss``: its loss. (No time: the measurement itself runs a garbage
+    collection per phase; time steps without it.)
+    """
+
+    loss: float
+    held_after_forward_bytes: int
+    peak_bytes: int
+
+
+def measured_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+                  tokens: torch.Tensor) -> PhasedStep:
+    """Run one step on ``tokens`` (``zero_grad``, forward, backward, ``step``), measuring the memory
+    the forward leaves behind and the step's peak with :class:`guide.peak_memory.PeakMemory`.
+
+    The process must be prepared (:func:`guide.peak_memory.prepare`) and should have run a warm-up
+    step. The peak is ``max(forward peak, held after forward + backward-and-step peak)``, both
+    relative to the level before the forward.
+    """
+    from guide.peak_memory import PeakMemory
+
+    optimizer.zero_grad(set_to_none=True)
+    with PeakMemory() as fwd:
+        loss = next_token_loss(model, tokens)
+    with PeakMemory() as rest:
+        loss.backward()
+        optimizer.step()
+    return PhasedStep(loss.item(), fwd.end_bytes, max(fwd.peak_bytes, fwd.end_bytes + rest.peak_bytes))
