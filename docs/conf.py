@@ -52,6 +52,9 @@ sphinx_gallery_conf = {
     # Where the landing page's minigallery looks examples up (kept inside the ignored gallery dir).
     "backreferences_dir": "auto_examples/backreferences",
     "doc_module": ("guide",),
+    # The execution-times pages load jQuery and DataTables from CDNs (broken offline, and the only
+    # third-party scripts on the site); each example page still shows its own running time.
+    "write_computation_times": False,
 }
 
 # MyST-NB: execute notebook pages on every build from a cache keyed by their content; a failing cell
@@ -107,6 +110,9 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version", "theme-version"],
 }
+# Follow the reader's system light/dark preference until they pick one; without it, a first visit
+# logs "Got invalid theme mode" in the browser console.
+html_context = {"default_mode": "auto"}
 # Copy buttons (sphinx-copybutton) copy commands without their prompts or outputs.
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
@@ -133,3 +139,7 @@ def _invalidate_on_guide_change() -> None:
 
 
 _invalidate_on_guide_change()
+
+# Execution-times pages left by builds from before ``write_computation_times`` was turned off.
+for _stale in (HERE / "sg_execution_times.rst", HERE / "auto_examples" / "sg_execution_times.rst"):
+    _stale.unlink(missing_ok=True)

@@ -1,0 +1,512 @@
+"""The built site, checked as a reader meets it: in a real browser, and through its downloads.
+
+Three groups of tests:
+
+* ``test_browser_*`` (``nox -s browser``): headless Chromium from the distribution (``/usr/bin/chromium``)
+  driven by Playwright visits every page of ``docs/_build/html`` over a local HTTP server: no console
+  error, every image loads with a non-zero size, no broken internal link or anchor, search finds
+  ``fully_shard``, figures fit a phone-width screen; screenshots go to ``docs/_build/screenshots``.
+* ``test_download_*`` (``nox -s downloads``): each example's ``.py`` and ``.ipynb`` download and the
+  zips of all, taken from the built site into a fresh virtual environment that has only this package
+  (plus a Jupyter kernel), run as a reader would; their assertions must pass.
+* The rest run in ``nox -s tests``: the link/image guard itself on a site with injected faults, and the
+  Slurm batch script of the "Run it on your cluster" page, run under stand-ins for ``srun``/``scontrol``.
+
+The browser and download tests need a built site. They are skipped unless ``GUIDE_SITE_TESTS`` names
+them (the nox sessions set it); when it does, a missing site or browser is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import http.server
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urldefrag, urljoin, urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = Path(os.environ.get("GUIDE_SITE_DIR", ROOT / "docs" / "_build" / "html"))
+SCREENSHOTS = Path(os.environ.get("GUIDE_SCREENSHOT_DIR", ROOT / "docs" / "_build" / "screenshots"))
+CHROMIUM = os.environ.get("GUIDE_CHROMIUM", "/usr/bin/chromium")
+SLURM_SCRIPT = ROOT / "docs" / "_static" / "ddp_vs_fsdp2.sbatch"
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("plot_*.py"))
+MAIN_EXAMPLE = "plot_ddp_vs_fsdp2"
+ENABLED = {s.strip() for s in os.environ.get("GUIDE_SITE_TESTS", "").split(",") if s.strip()}
+
+#: Chromium flags: no sandbox (root in a container), no GPU, and nothing that talks to the network.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+
+
+def _require(group: str) -> None:
+    """Skip unless ``group`` is enabled; when it is, the built site must exist."""
+    if group not in ENABLED:
+        pytest.skip(f"needs the built site: run `nox -s docs` then `nox -s {group}` "
+                    f"(or set GUIDE_SITE_TESTS={group})")
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"no built site at {SITE}: run `nox -s docs` first.")
+
+
+# ------------------------------------------------------------------------------------------------
+# The guard: what a page links to and shows, and what of it is broken.
+
+
+@dataclasses.dataclass
+class PageScan:
+    """What one loaded page holds, as the browser's DOM has it (after scripts ran)."""
+
+    url: str
+    ids: set[str]
+    links: list[str]  # absolute hrefs of <a>
+    images: list[tuple[str, int]]  # (absolute src, naturalWidth)
+    console_errors: list[str] = dataclasses.field(default_factory=list)
+    external: list[str] = dataclasses.field(default_factory=list)  # resources from other hosts
+
+
+#: Third-party resources a page may load: Sphinx's MathJax (pages with math). The browser test runs
+#: offline, so these are blocked and not checked; math then shows as TeX source. Anything else from
+#: another host is a problem: the site must work from its own files.
+EXTERNAL_OK = ("https://cdn.jsdelivr.net/npm/mathjax@",)
+
+
+def site_problems(scans: dict[str, PageScan], base: str,
+                  fetch: callable) -> list[str]:
+    """Every broken thing the scans show: console errors, images that did not load or are empty,
+    internal links to missing files, and anchors that name no element of their target page.
+
+    ``base`` is the site's root URL (links outside it are external and not followed); ``fetch(url)``
+    returns ``(status, body_bytes)`` for an internal URL that was not itself scanned.
+    """
+    problems: list[str] = []
+    fetched: dict[str, tuple[int, bytes]] = {}
+
+    def get(url: str) -> tuple[int, bytes]:
+        if url not in fetched:
+            fetched[url] = fetch(url)
+        return fetched[url]
+
+    def page_key(url: str) -> str:
+        url = urldefrag(url)[0].split("?")[0]
+        return url + "index.html" if url.endswith("/") else url
+
+    for scan in scans.values():
+        where = scan.url.removeprefix(base) or "index.html"
+        problems += [f"{where}: console error: {err}" for err in scan.console_errors]
+        problems += [f"{where}: loads a resource from another host: {url}"
+                     for url in scan.external if not url.startswith(EXTERNAL_OK)]
+        for src, width in scan.images:
+            if not width:
+                problems.append(f"{where}: image {src} did not load (naturalWidth 0)")
+            if src.startswith(base):
+                status, body = get(page_key(src))
+                if status != 200 or not body:
+                    problems.append(f"{where}: image {src} is missing or empty (HTTP {status}, "
+                                    f"{len(body)} bytes)")
+        for href in scan.links:
+            if not href.startswith(base):
+                continue  # external, mailto:, javascript: ...
+            target, fragment = page_key(href), unquote(urldefrag(href)[1])
+            if target in scans:
+                ids = scans[target].ids
+            else:
+                status, body = get(target)
+                if status != 200:
+                    problems.append(f"{where}: broken link {href} (HTTP {status})")
+                    continue
+                ids = set(re.findall(rb'\bid="([^"]+)"', body)) if target.endswith(".html") else None
+                ids = {i.decode() for i in ids} if ids is not None else None
+            if fragment and ids is not None and fragment not in ids:
+                problems.append(f"{where}: broken anchor {href}: no id {fragment!r} in "
+                                f"{target.removeprefix(base)}")
+    return problems
+
+
+def test_guard_catches_broken_links_anchors_images_and_console_errors():
+    """The guard fails a site with one of each fault, and passes the same site without them."""
+    base = "http://site/"
+    files = {base + "index.html": (200, b'<h1 id="top">x</h1>'), base + "img/ok.png": (200, b"PNG"),
+             base + "img/empty.png": (200, b""), base + "other.html": (200, b'<p id="here">y</p>'),
+             base + "dl/example.py": (200, b"print(1)")}
+    fetch = lambda url: files.get(url, (404, b""))  # noqa: E731
+
+    def site(**fault) -> dict[str, PageScan]:
+        page = PageScan(base + "index.html", {"top"},
+                        [base + "other.html#here", base + "#top", base + "dl/example.py",
+                         "https://pytorch.org/docs", "mailto:x@example.org"],
+                        [(base + "img/ok.png", 10)], [])
+        for name, value in fault.items():
+            getattr(page, name).append(value)
+        return {page.url: page}
+
+    assert site_problems(site(), base, fetch) == []
+    assert site_problems(site(external=EXTERNAL_OK[0] + "4/tex.js"), base, fetch) == []
+    faults = {
+        "links": (base + "missing.html", "broken link"),
+        "images": ((base + "img/empty.png", 5), "missing or empty"),
+        "console_errors": ("Uncaught TypeError: x is undefined", "console error"),
+        "external": ("https://code.jquery.com/jquery.js", "another host"),
+    }
+    for field, (value, message) in faults.items():
+        problems = site_problems(site(**{field: value}), base, fetch)
+        assert len(problems) == 1 and message in problems[0], (field, problems)
+    problems = site_problems(site(links=base + "other.html#nowhere"), base, fetch)
+    assert len(problems) == 1 and "no id 'nowhere'" in problems[0], problems
+    problems = site_problems(site(images=(base + "img/ok.png", 0)), base, fetch)
+    assert len(problems) == 1 and "did not load" in problems[0], problems
+
+
+# ------------------------------------------------------------------------------------------------
+# Browser
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # keep pytest's output for failures
+        pass
+
+
+@contextlib.contextmanager
+def serve(directory: Path) -> Iterator[str]:
+    """Serve ``directory`` on 127.0.0.1 (a free port) in a thread; yield its base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _fetch(url: str) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, b""
+
+
+@contextlib.contextmanager
+def browser(tmp_path: Path, base: str):
+    """A headless Chromium (the distribution's) with a fresh profile, under Playwright. Requests to
+    anything but ``base`` are blocked: the test is offline and the site must not need the network."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} not found: install it with `apt-get install -y chromium` "
+                    "(the browser test never downloads a browser of its own).")
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            args=CHROMIUM_ARGS, viewport=DESKTOP)
+        context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(base)
+                      else route.abort("blockedbyclient"))
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+_SCAN_JS = """async () => {
+  // Make lazy images load now, then wait for every image to finish (or fail).
+  const imgs = Array.from(document.images);
+  await Promise.all(imgs.map(img => img.complete ? null : new Promise(done => {
+    img.loading = "eager"; img.addEventListener("load", done); img.addEventListener("error", done);
+    setTimeout(done, 5000);
+  })));
+  return {
+    ids: Array.from(document.querySelectorAll("[id]"), e => e.id)
+           .concat(Array.from(document.querySelectorAll("a[name]"), e => e.name)),
+    links: Array.from(document.querySelectorAll("a[href]"), a => a.href),
+    images: imgs.map(img => [img.currentSrc || img.src, img.naturalWidth]),
+  };
+}"""
+
+
+def scan_page(page, url: str, base: str) -> PageScan:
+    """Load ``url`` in ``page`` and read what it holds. Console errors, uncaught exceptions, failed
+    requests and HTTP errors of this load are recorded as console errors; requests to other hosts
+    (blocked by :func:`browser`) as external, along with the console errors they cause."""
+    errors: list[str] = []
+    external: list[str] = []
+
+    def on_console(msg) -> None:
+        source = (msg.location or {}).get("url", "")
+        if msg.type == "error" and (source.startswith(base) or not source.startswith("http")):
+            errors.append(f"{msg.text} ({source})" if source else msg.text)
+
+    def on_request(request) -> None:
+        if not request.url.startswith(base) and request.url.startswith("http"):
+            external.append(request.url)
+
+    def on_failed(request) -> None:
+        if request.url.startswith(base):
+            errors.append(f"request failed: {request.url} ({request.failure})")
+
+    def on_response(response) -> None:
+        if response.status >= 400:
+            errors.append(f"HTTP {response.status}: {response.url}")
+
+    on_error = lambda exc: errors.append(f"uncaught: {exc}")  # noqa: E731
+    handlers = {"console": on_console, "pageerror": on_error, "request": on_request,
+                "requestfailed": on_failed, "response": on_response}
+    for event, handler in handlers.items():
+        page.on(event, handler)
+    try:
+        response = page.goto(url, wait_until="load")
+        if response is None or response.status != 200:
+            errors.append(f"page answered HTTP {response.status if response else 'nothing'}")
+        data = page.evaluate(_SCAN_JS)
+    finally:
+        for event, handler in handlers.items():
+            page.remove_listener(event, handler)
+    return PageScan(url, set(data["ids"]), data["links"],
+                    [(src, width) for src, width in data["images"]], errors, external)
+
+
+def site_pages(site: Path) -> list[str]:
+    """Every HTML page of the built site, relative to its root (sources and static files excluded)."""
+    return sorted(str(p.relative_to(site)) for p in site.rglob("*.html")
+                  if not p.relative_to(site).parts[0].startswith(("_sources", "_static", "_downloads")))
+
+
+def test_browser_every_page_loads_clean_with_images_and_links(tmp_path):
+    """Every page: no console error, every image loads and is non-empty, no broken internal link."""
+    _require("browser")
+    pages = site_pages(SITE)
+    assert "index.html" in pages and f"auto_examples/{MAIN_EXAMPLE}.html" in pages, pages
+    with serve(SITE) as base, browser(tmp_path, base) as context:
+        page = context.new_page()
+        scans = {}
+        for rel in pages:
+            scans[base + rel] = scan_page(page, base + rel, base)
+        problems = site_problems(scans, base, _fetch)
+    n_images = sum(len(s.images) for s in scans.values())
+    n_links = sum(1 for s in scans.values() for h in s.links if h.startswith(base))
+    assert not problems, f"{len(problems)} problems on {len(pages)} pages:\n" + "\n".join(problems)
+    assert n_images > 0 and n_links > 0, (n_images, n_links)
+
+
+def test_browser_search_finds_fully_shard(tmp_path):
+    """The search page (Sphinx's client-side index, run by the browser) returns hits for fully_shard."""
+    _require("browser")
+    with serve(SITE) as base, browser(tmp_path, base) as context:
+        page = context.new_page()
+        page.goto(base + "search.html?q=fully_shard", wait_until="load")
+        page.wait_for_function(
+            "document.querySelectorAll('#search-results ul.search li').length > 0", timeout=30_000)
+        hits = page.eval_on_selector_all("#search-results ul.search li a",
+                                         "els => els.map(a => a.getAttribute('href'))")
+    assert any(MAIN_EXAMPLE in h for h in hits), f"the main example is not among the hits: {hits}"
+
+
+def test_browser_landing_and_example_fit_a_phone_and_screenshots(tmp_path):
+    """The landing page and the main example: nothing wider than a phone screen, the theme's dark
+    mode switch works, code has copy buttons; screenshots (desktop and phone) are saved."""
+    _require("browser")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    targets = {"landing": "index.html", "example": f"auto_examples/{MAIN_EXAMPLE}.html"}
+    with serve(SITE) as base, browser(tmp_path, base) as context:
+        page = context.new_page()
+        for name, rel in targets.items():
+            page.set_viewport_size(DESKTOP)
+            page.goto(base + rel, wait_until="load")
+            page.screenshot(path=str(SCREENSHOTS / f"{name}-desktop.png"), full_page=True)
+            assert page.locator("button.copybtn").count() > 0, f"{rel}: no copy buttons on code"
+
+            page.set_viewport_size(PHONE)
+            page.goto(base + rel, wait_until="load")
+            too_wide = page.evaluate("""() => Array.from(document.querySelectorAll(
+                  '.bd-article img')).filter(img => img.getBoundingClientRect().width >
+                  document.documentElement.clientWidth + 1).map(img => img.src)""")
+            assert not too_wide, f"{rel}: images wider than a {PHONE['width']} px screen: {too_wide}"
+            overflow = page.evaluate("document.documentElement.scrollWidth - "
+                                     "document.documentElement.clientWidth")
+            assert overflow <= 1, f"{rel}: the page scrolls sideways by {overflow} px on a phone"
+            page.screenshot(path=str(SCREENSHOTS / f"{name}-phone.png"), full_page=True)
+
+        page.set_viewport_size(DESKTOP)
+        page.goto(base + "index.html", wait_until="load")
+        for mode in ("light", "dark"):  # the theme's own switch, as a reader uses it
+            page.locator("button.theme-switch-button").first.click()
+            page.locator(f"button.theme-change-button[data-mode={mode}]").first.click()
+            theme = page.evaluate("document.documentElement.dataset.theme")
+            assert theme == mode, f"choosing {mode} mode gave data-theme={theme!r}"
+        page.screenshot(path=str(SCREENSHOTS / "landing-dark.png"))
+    saved = sorted(p.name for p in SCREENSHOTS.glob("*.png"))
+    assert {"landing-desktop.png", "example-desktop.png", "landing-phone.png",
+            "example-phone.png"} <= set(saved), saved
+
+
+def test_browser_guard_catches_a_broken_page(tmp_path):
+    """Fault injection, in the real browser: a page with a script error, a missing image, a broken
+    link and a script from another host is reported on all four counts."""
+    _require("browser")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text(
+        '<html><body><h1 id="top">broken</h1><img src="missing.png">'
+        '<a href="nowhere.html">x</a><a href="#top">ok</a>'
+        '<script src="https://code.jquery.com/jquery-3.7.0.js"></script>'
+        "<script>undefinedFunction()</script></body></html>")
+    with serve(site) as base, browser(tmp_path, base) as context:
+        scans = {base + "index.html": scan_page(context.new_page(), base + "index.html", base)}
+        problems = site_problems(scans, base, _fetch)
+    text = "\n".join(problems)
+    assert "undefinedFunction" in text, text
+    assert "missing.png did not load" in text, text
+    assert "broken link" in text and "nowhere.html" in text, text
+    assert "another host: https://code.jquery.com/jquery-3.7.0.js" in text, text
+    assert "#top" not in text, text  # the anchor that exists is fine
+
+
+# ------------------------------------------------------------------------------------------------
+# Downloads
+
+
+def _downloads() -> dict[str, Path]:
+    """The built site's download files by name (sphinx-gallery puts each in a hashed folder)."""
+    return {p.name: p for p in (SITE / "_downloads").glob("*/*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory) -> Path:
+    """A new virtual environment with only this package (non-editable, from ``constraints.txt``) and
+    a Jupyter kernel: what a reader who downloads an example has."""
+    _require("downloads")
+    venv = tmp_path_factory.mktemp("reader") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-c",
+                    str(ROOT / "constraints.txt"), str(ROOT), "ipykernel", "nbclient", "nbformat"],
+                   check=True, cwd=venv.parent, timeout=900)
+    check = subprocess.run([str(python), "-c", "import guide, sys; print(guide.__file__)"],
+                           capture_output=True, text=True, check=True, cwd=venv.parent)
+    assert str(venv) in check.stdout, f"guide imported from outside the venv: {check.stdout}"
+    return python
+
+
+def _reader_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(MPLBACKEND="Agg", OMP_NUM_THREADS="1")
+    return env
+
+
+def _selected_examples() -> list[str]:
+    """Examples whose downloads are run: all, or the first with GUIDE_DOWNLOADS=first."""
+    return EXAMPLES[:1] if os.environ.get("GUIDE_DOWNLOADS") == "first" else EXAMPLES
+
+
+def test_download_zips_hold_every_example_unchanged():
+    """The two zips hold one script and one notebook per example, byte-equal to the single downloads."""
+    _require("downloads")
+    files = _downloads()
+    stems = [Path(e).stem for e in EXAMPLES]
+    for zip_name, ext in (("auto_examples_python.zip", ".py"), ("auto_examples_jupyter.zip", ".ipynb")):
+        assert zip_name in files, f"{zip_name} is not among the site's downloads: {sorted(files)}"
+        with zipfile.ZipFile(files[zip_name]) as zf:
+            members = {Path(n).name: zf.read(n) for n in zf.namelist() if not n.endswith("/")}
+        assert sorted(members) == sorted(s + ext for s in stems), (zip_name, sorted(members))
+        for name, data in members.items():
+            assert name in files, f"{name} is in {zip_name} but not downloadable on its own"
+            assert files[name].read_bytes() == data, f"{zip_name}: {name} differs from its download"
+
+
+@pytest.mark.parametrize("example", _selected_examples())
+def test_download_script_runs_in_a_fresh_venv(example, fresh_venv, tmp_path):
+    """The downloaded ``.py`` runs with ``python`` in the reader's venv and its asserts pass."""
+    src = _downloads().get(example)
+    assert src is not None, f"{example} is not among the site's downloads"
+    script = tmp_path / example
+    shutil.copy(src, script)
+    proc = subprocess.run([str(fresh_venv), script.name], cwd=tmp_path, env=_reader_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{example} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n" \
+                                 f"{proc.stderr[-6000:]}"
+
+
+_RUN_NOTEBOOK = """
+import sys, nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": "."}}).execute()
+print("cells executed:", sum(c.cell_type == "code" for c in nb.cells))
+"""
+
+
+@pytest.mark.parametrize("example", _selected_examples())
+def test_download_notebook_executes_in_a_fresh_venv(example, fresh_venv, tmp_path):
+    """The downloaded ``.ipynb`` executes top to bottom (nbclient, the venv's kernel) without a
+    ``CellExecutionError``."""
+    name = Path(example).stem + ".ipynb"
+    src = _downloads().get(name)
+    assert src is not None, f"{name} is not among the site's downloads"
+    shutil.copy(src, tmp_path / name)
+    proc = subprocess.run([str(fresh_venv), "-c", _RUN_NOTEBOOK, name], cwd=tmp_path,
+                          env=_reader_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "cells executed" in proc.stdout, \
+        f"{name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The Slurm script of "Run it on your cluster"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_sbatch(script_arg: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run the batch script as Slurm would on one node (``srun``/``scontrol`` are stand-ins)."""
+    bin_dir = tmp_path / "fake-slurm"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
+    (bin_dir / "scontrol").write_text('#!/bin/bash\n[[ "$*" == "show hostnames "* ]] && '
+                                      'echo localhost\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_ON_NODE": "2",
+           "SLURM_CPUS_PER_TASK": "2", "SLURM_JOB_ID": "4242", "MASTER_PORT": str(_free_port()),
+           "MPLBACKEND": "Agg"}
+    return subprocess.run(["bash", str(SLURM_SCRIPT), script_arg.name], cwd=script_arg.parent,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_slurm_script_runs_the_main_example_under_torchrun(tmp_path):
+    """The cluster page's batch script starts torchrun with one rank per GPU slot, and the main example
+    passes its checks under it (2 CPU ranks, gloo: the torchrun path of guide.launch)."""
+    example = tmp_path / f"{MAIN_EXAMPLE}.py"
+    shutil.copy(ROOT / "examples" / example.name, example)
+    proc = _run_sbatch(example, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"the batch script failed ({proc.returncode}):\n{out[-6000:]}"
+    assert "nodes=1 ranks/node=2" in out, out[-3000:]
+    assert "All checks passed" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_slurm_script_fails_when_a_rank_fails(tmp_path):
+    """A rank that fails makes the batch job fail (Slurm would mark it FAILED), not pass silently."""
+    script = tmp_path / "fails.py"
+    script.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    proc = _run_sbatch(script, tmp_path)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
