@@ -47,7 +47,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["MMAP_THRESHOLD", "PeakMemory", "current_bytes", "is_prepared", "prepare"]
+__all__ = ["MMAP_THRESHOLD", "PeakMemory", "current_bytes", "data_segment_bytes", "is_prepared",
+           "prepare"]
 
 #: The glibc mmap threshold :func:`prepare` sets (bytes): every allocation above it is a private
 #: ``mmap`` that ``free`` returns to the kernel at once. Same value as ``guide.launch(memory_limit_mib=...)``.
@@ -94,6 +95,15 @@ def current_bytes(device: Any = None) -> int:
 
         return int(torch.cuda.memory_allocated(_resolve(device)))
     return _status_bytes("VmRSS")
+
+
+def data_segment_bytes() -> int:
+    """This process's data segment now (``VmData``): what ``RLIMIT_DATA`` limits, and so what
+    :func:`guide.launch`'s ``memory_limit_mib`` counts. It includes everything a rank inherited from
+    the fork server (``torch`` imported) and address space reserved but not yet touched, so a
+    budget must be set relative to this level measured inside a rank, not to zero."""
+    _require_proc()
+    return _status_bytes("VmData")
 
 
 class PeakMemory:
