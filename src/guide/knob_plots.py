@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 
 from guide.plotting import COLORS, FLOOR, style
 
-__all__ = ["clip_norms", "gap_vs_bound", "reshard_tradeoff"]
+__all__ = ["accumulation_tradeoff", "clip_norms", "gap_vs_bound", "reshard_tradeoff"]
 
 _CYCLE = ("#d62728", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 
@@ -89,4 +89,29 @@ def reshard_tradeoff(all_gathers: Mapping[str, Mapping[str, int]], kept_mib: Map
         ax.set_xticks(list(x), names, rotation=20)
         ax.set_xlabel("reshard_after_forward")
     fig.suptitle(f"Fewer all-gathers cost memory ({world_size} gloo ranks)")
+    return fig
+
+
+def accumulation_tradeoff(reductions: Mapping[str, int], held_mib: Mapping[str, float], k: int,
+                          world_size: int) -> plt.Figure:
+    """Two panels over the accumulation runs (names starting with ``DDP`` or ``FSDP2``): gradient
+    reductions per optimizer step, and gradient memory held between micro-batches."""
+    style()
+    names = list(reductions)
+    colors = [COLORS["DDP"] if n.startswith("DDP") else COLORS["FSDP2"] for n in names]
+    alphas = [1.0 if "last" in n else 0.45 for n in names]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, values, ylabel in ((ax1, [reductions[n] for n in names],
+                                "gradient reductions per optimizer step"),
+                               (ax2, [held_mib[n] for n in names],
+                                "gradient MiB held between micro-batches")):
+        for i, (v, c, a) in enumerate(zip(values, colors, alphas)):
+            ax.barh(i, v, color=c, alpha=a)
+            ax.text(v, i, f" {v:.3g}", va="center", fontsize=9)
+        ax.set_yticks(range(len(names)), names if ax is ax1 else [""] * len(names))
+        ax.set_xlabel(ylabel)
+        ax.invert_yaxis()
+        ax.margins(x=0.2)
+    fig.suptitle(f"Skipping the sync: {k}x fewer reductions; FSDP2 holds full gradients meanwhile "
+                 f"({world_size} ranks)", fontsize=11)
     return fig
