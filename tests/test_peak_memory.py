@@ -1,0 +1,130 @@
+"""guide.peak_memory: the CPU peak is calibrated against tensors of known size, transient peaks are
+caught, the guards refuse what would give a wrong number, and the launcher's budget is honoured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import guide
+from guide import peak_memory
+from guide.peak_memory import PeakMemory, current_bytes, data_segment_bytes, prepare
+
+MiB = 2**20
+
+
+def _warm_up() -> None:
+    """The first block in a process also pays for first-time code paths (a few MiB of code pages
+    and allocator metadata): measure after one, as the examples measure after building the model."""
+    with PeakMemory():
+        torch.ones(2 * MiB // 4).add_(1)
+
+
+@pytest.fixture(autouse=True)
+def _prepared():
+    prepare()
+    _warm_up()
+
+
+@pytest.mark.parametrize("mib", [8, 64])
+def test_peak_matches_a_tensor_of_known_size(mib):
+    with PeakMemory("cpu") as peak:
+        x = torch.ones(mib * MiB // 4)  # touched: ones() writes every page
+        del x
+    assert peak.method == "VmHWM"
+    assert abs(peak.peak_bytes - mib * MiB) <= 1 * MiB + 0.02 * mib * MiB, peak
+    assert abs(peak.end_bytes) <= 1 * MiB, f"a freed tensor stayed resident: {peak}"
+
+
+def test_transient_peak_is_caught_and_kept_memory_is_end_bytes():
+    with PeakMemory() as peak:
+        kept = torch.ones(16 * MiB // 4)
+        temp = torch.ones(32 * MiB // 4)
+        del temp
+    assert peak.peak_bytes >= 47 * MiB, peak  # both were alive at once
+    assert 15 * MiB <= peak.end_bytes <= 17 * MiB, peak
+    assert peak.peak_level_bytes == peak.baseline_bytes + peak.peak_bytes
+    del kept
+
+
+def test_untouched_reservation_is_not_counted_but_data_segment_is():
+    before = data_segment_bytes()
+    with PeakMemory() as peak:
+        x = torch.empty(64 * MiB // 4)  # mmap'd, never written: no resident pages
+        grown = data_segment_bytes() - before
+    assert peak.peak_bytes < 4 * MiB, peak
+    assert grown >= 63 * MiB
+    del x
+
+
+def test_without_prepare_refuses(monkeypatch):
+    monkeypatch.setattr(peak_memory, "_prepared_pid", None)
+    monkeypatch.delenv("GUIDE_MEMORY_LIMIT_MIB", raising=False)
+    assert not peak_memory.is_prepared()
+    with pytest.raises(RuntimeError, match=r"prepare\(\)"):
+        with PeakMemory("cpu"):
+            pass
+
+
+def test_blocks_cannot_nest():
+    with PeakMemory():
+        with pytest.raises(RuntimeError, match="nest"):
+            with PeakMemory():
+                pass
+    with PeakMemory():  # the outer block released the lock
+        pass
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "64k"])
+def test_prepare_rejects_a_bad_threshold(bad):
+    with pytest.raises(ValueError, match="mmap_threshold"):
+        prepare(bad)
+
+
+@pytest.mark.parametrize("bad", ["meta", "nonsense", 3.5])
+def test_bad_device_is_a_value_error(bad):
+    with pytest.raises(ValueError, match="device"):
+        PeakMemory(bad)
+
+
+def test_current_bytes_is_vmrss():
+    x = torch.ones(32 * MiB // 4)
+    with_x = current_bytes("cpu")
+    del x
+    assert with_x - current_bytes("cpu") >= 31 * MiB
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_peak_matches_a_tensor():
+    with PeakMemory("cuda") as peak:
+        x = torch.ones(16 * MiB // 4, device="cuda")
+        del x
+    assert peak.method == "cuda.max_memory_allocated"
+    assert peak.peak_bytes == 16 * MiB
+
+
+def _rank_under_budget(rank: guide.Rank, mib: int) -> dict:
+    # No prepare(): the launcher's memory limit already lowered the mmap threshold.
+    _warm_up()
+    with PeakMemory(rank.device) as peak:
+        x = torch.ones(8 * MiB // 4)
+        del x
+    out = {"prepared": peak_memory.is_prepared(), "peak": peak.peak_bytes}
+    if rank.rank == 1:
+        torch.ones(mib * MiB // 4)  # far beyond the budget
+    return out
+
+
+def test_rank_under_a_budget_measures_and_runs_out_of_memory_clearly():
+    start = max(guide.launch(lambda rank: data_segment_bytes(), 2))
+    budget = (start + 64 * MiB) // MiB
+    with pytest.raises(guide.RankOutOfMemory) as info:
+        guide.launch(_rank_under_budget, 2, 256, memory_limit_mib=budget)
+    assert info.value.rank == 1
+    assert info.value.limit_mib == budget
+    assert info.value.requested_bytes == 256 * MiB
+    assert f"budget of {budget} MiB" in str(info.value)
+    # Within the budget the same worker runs, prepared by the launcher, and measures 8 MiB.
+    results = guide.launch(_rank_under_budget, 1, 0, memory_limit_mib=budget)
+    assert results[0]["prepared"]
+    assert abs(results[0]["peak"] - 8 * MiB) <= 1 * MiB
