@@ -24,8 +24,8 @@ That is only a measure of the *model's* memory if freed memory really leaves the
 default heap keeps freed blocks (up to its dynamic mmap threshold, 32 MiB on 64-bit) and fragments:
 measured with torch 2.13 on gloo, FSDP2 then *looked* bigger than DDP. :func:`prepare` sets glibc's
 ``M_MMAP_THRESHOLD`` to 64 KiB, so every allocation above that is its own ``mmap`` and goes back to
-the kernel on ``free``; with it, the DDP - FSDP2 difference of step peaks matched the analytic
-model-state difference within 2 %. Allocations below 64 KiB still come from the heap and may reuse
+the kernel on ``free``; with it, per-rank peaks grow with depth exactly as the model state does
+(the "memory against depth" example asserts it). Allocations below 64 KiB still come from the heap and may reuse
 pages that were resident before entry: they are undercounted, never overcounted. (Call
 :func:`prepare` before the model is built; :func:`guide.launch` with ``memory_limit_mib`` does the same.)
 Measure a step *after* a warm-up step, so that lazily imported code and one-time buffers are not
