@@ -12,6 +12,9 @@ One concept per module:
 * :mod:`guide.peak_memory` -- a rank's measured peak memory during a step (VmHWM on CPU, CUDA allocator stats).
 * :mod:`guide.memory` -- per-rank model-state bytes (DDP, ZeRO-1, FSDP2) by the ZeRO model; the ``guide-memory`` calculator.
 * :mod:`guide.model_state` -- measure the parameter, gradient and optimizer bytes a rank really holds.
+* :mod:`guide.precision` -- which dtype each tensor has under mixed precision; bf16's rounding and the loss-gap bound.
+* :mod:`guide.steps` -- a training step taken apart: loss, micro-batches, a shard's gradient norm, a phased memory step.
+* :mod:`guide.knob_plots` -- the charts of the FSDP2-knob pages.
 """
 
 from __future__ import annotations
