@@ -44,7 +44,7 @@ from guide.checks import CheckFailed
 from guide.data import synthetic_batches
 from guide.memory import GB, GiB
 from guide.model import ModelConfig, build_model
-from guide.model_state import ddp_bucket_bytes, measure, param_shapes
+from guide.model_state import ddp_bucket_bytes, measure, param_shapes, storage_bytes
 from guide.training import train_steps
 
 CFG = ModelConfig(vocab=127, d_model=64, n_layers=2, n_heads=4, d_mlp=256, max_seq=30)
@@ -111,6 +111,10 @@ def worker(rank: guide.Rank) -> dict:
             "state": measure(model, opt),  # after step(), before the next zero_grad()
             "buckets": ddp_bucket_bytes(model) if isinstance(model, DDP) else 0,
         }
+        if strategy.startswith("fsdp2"):  # a forward alone: what stays gathered until backward
+            with torch.no_grad():
+                model(BATCHES[0][:1, :-1].to(rank.device))
+            out[strategy, precision, optimizer]["after_forward"] = storage_bytes(model.parameters())
         del model, opt
     return out
 
@@ -198,6 +202,32 @@ print(f"\nAt N=4 one FSDP2 rank holds {fsdp4 / ddp4:.1%} of DDP's model state (1
       + ": it splits whole parameters, so the largest tensor sets the floor.")
 
 # %%
+# Both FSDP2 rows are the same because ``reshard_after_forward=False`` changes what a rank holds
+# *during* the step, not between steps: it keeps each block's gathered, unsharded parameters from
+# the forward to the backward (saving the backward all-gather), then reshards them after backward.
+# The worker also ran one forward alone and read the parameter storage the model exposes at that
+# point: with resharding, the shards; without, every parameter whole, in the compute dtype
+# (:func:`guide.memory.unsharded_param_bytes`), held *in addition to* the shards.
+COMPUTE_BYTES = {"fp32": 4, "bf16_mixed": 2, "bf16": 2}
+for (strategy, n), ranks in measured.items():
+    if not strategy.startswith("fsdp2"):
+        continue
+    for (precision, optimizer), r in itertools.product(RUNS, range(n)):
+        m = ranks[r][precision, optimizer]
+        want = (m["state"].params if strategy == "fsdp2"
+                else memory.unsharded_param_bytes(SHAPES, n, COMPUTE_BYTES[precision]))
+        if m["after_forward"] != want:
+            raise CheckFailed(
+                f"parameters held after forward: {LABELS[strategy]} at N={n}, rank {r}, "
+                f"{precision} {optimizer}: measured {m['after_forward']:,} B, model {want:,} B")
+unsharded = memory.unsharded_param_bytes(SHAPES, 4)
+print(f"reshard_after_forward=False at N=4 additionally holds {unsharded:,} B of unsharded fp32 "
+      f"parameters between forward and backward ({unsharded / fsdp4:.1f}x the rank's model state); "
+      f"for Llama-3-70B in bf16 that is "
+      f"{memory.unsharded_param_bytes(memory.PRESETS['llama-3-70b'].param_shapes(), 64, 2) / GiB:,.1f}"
+      f" GiB per rank at any N.")
+
+# %%
 # The picture
 # -----------
 # One bar per (strategy, N): rank 0's bytes, stacked by component; the black tick is the model's
@@ -225,8 +255,8 @@ for strategy in STRATEGIES:
         ticks.append(x)
         ticklabels.append(f"N={n}")
         x += 1
-    ax.text(x - 2, -0.08, LABELS[strategy], ha="center", va="top", transform=ax.get_xaxis_transform(),
-            fontsize=10, color=color, fontweight="bold")
+    ax.text(x - 2, -0.08, LABELS[strategy], ha="center", va="top", fontsize=10, color=color,
+            fontweight="bold", transform=ax.get_xaxis_transform())
     x += 0.6
 ax.set_xticks(ticks, ticklabels, fontsize=9)
 ax.set_ylabel("bytes held by rank 0 (MiB)")

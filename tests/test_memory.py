@@ -166,6 +166,16 @@ def test_cli_activations_column(capsys):
     assert f"{act / GiB:.2f}" in out and "activ" in out
 
 
+def test_cli_ddp_buckets_and_bucket_view(capsys):
+    base = ["--params", "1e9", "-N", "4", "--strategy", "ddp", "--precision", "fp32"]
+    memory.main(base)
+    with_buckets = capsys.readouterr().out
+    memory.main([*base, "--bucket-view"])
+    without = capsys.readouterr().out
+    assert f"{20e9 / GiB:.2f}" in with_buckets  # 16 B state + 4 B buckets per parameter
+    assert f"{16e9 / GiB:.2f}" in without and f"{20e9 / GiB:.2f}" not in without
+
+
 @pytest.mark.parametrize(("argv", "match"), [
     (["--preset", "llama-9"], "unknown preset"),
     (["--params", "7e9", "-N", "0"], "world_size"),
