@@ -36,3 +36,25 @@ def tests(session: nox.Session) -> None:
     """Run the test suite (launcher, checks with injected faults, models, docs plumbing)."""
     _install(session, "docs,test")
     session.run("pytest", *session.posargs, env=ENV)
+
+
+@nox.session(python=PYTHON)
+def browser(session: nox.Session) -> None:
+    """Check the built site in headless Chromium (Debian's /usr/bin/chromium, via Playwright): every
+    page loads without console errors, images load, internal links and anchors resolve, search finds
+    fully_shard, figures fit a phone screen. Screenshots go to docs/_build/screenshots. Run
+    ``nox -s docs`` first; ``apt-get install -y chromium`` provides the browser."""
+    _install(session, "docs,test,browser")
+    session.run("pytest", "tests/test_site.py", "-k", "browser", *session.posargs,
+                env={**ENV, "GUIDE_SITE_TESTS": "browser"})
+
+
+@nox.session(python=PYTHON)
+def downloads(session: nox.Session) -> None:
+    """Run each example's downloaded .py and .ipynb (from docs/_build/html/_downloads) in a fresh
+    virtual environment holding only this package, and check the zips hold every example. Run
+    ``nox -s docs`` first. With ``GUIDE_DOWNLOADS=main`` only the main example's downloads run (the
+    zips are still checked for every example)."""
+    _install(session, "test")
+    session.run("pytest", "tests/test_site.py", "-k", "download", *session.posargs,
+                env={**ENV, "GUIDE_SITE_TESTS": "downloads"})

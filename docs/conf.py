@@ -46,9 +46,9 @@ sphinx_gallery_conf = {
     "remove_config_comments": True,
     # Re-run an example when guide changes, not only when the example does (see _stale_examples).
     "run_stale_examples": False,
-    # Names from ``guide`` in example code link to this site's API pages (works offline); torch and
-    # Python names link to their docs through the intersphinx inventories below, when reachable.
-    "reference_url": {"guide": None},
+    # Code links: sphinx-gallery (0.22+; its old ``reference_url`` is ignored) links names in example
+    # code to this site's API pages (``guide``, works offline) and, through ``intersphinx_mapping``
+    # below, torch and Python names to their docs when those inventories are reachable.
     # Where the landing page's minigallery looks examples up (kept inside the ignored gallery dir).
     "backreferences_dir": "auto_examples/backreferences",
     "doc_module": ("guide",),
@@ -91,6 +91,10 @@ _INVENTORIES = {
 # without those links rather than fail on an unreachable inventory.
 intersphinx_mapping = {name: (url, None) for name, url in _INVENTORIES.items()
                        if _reachable(f"{url}/objects.inv")}
+# A local copy of an inventory (e.g. GUIDE_INVENTORY_TORCH=/path/objects.inv) links offline too.
+for _name, _url in _INVENTORIES.items():
+    if os.environ.get(f"GUIDE_INVENTORY_{_name.upper()}"):
+        intersphinx_mapping[_name] = (_url, os.environ[f"GUIDE_INVENTORY_{_name.upper()}"])
 intersphinx_timeout = 5
 
 autodoc_member_order = "bysource"
