@@ -8,6 +8,8 @@ comparison would notice a wrong model (no padding, no greedy partition, double c
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -287,3 +289,29 @@ def test_statebytes_is_frozen_and_adds():
     assert (a + a).total == 12
     with pytest.raises(AttributeError):
         a.params = 5  # type: ignore[misc]
+
+
+# -- the example's guard ---------------------------------------------------------------------------
+
+MEMORY_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plot_memory_model_state.py"
+
+
+def test_example_fails_when_fsdp2_root_is_not_sharded(tmp_path):
+    """Inject a real bug into the shipped example (``fully_shard`` on the blocks only: embeddings and
+    head stay whole on every rank) and run it on N=2, fp32 AdamW only: the build must fail, naming the check,
+    the strategy, N, the rank and the component."""
+    from conftest import run_python
+
+    source = MEMORY_EXAMPLE.read_text()
+    for anchor, replacement in (
+            ("WORLD_SIZES = (1, 2, 4)\n", "WORLD_SIZES = (2,)\n"),
+            ('RUNS = (("fp32", "adamw"), ', 'RUNS = (("fp32", "adamw"),)  # '),
+            ("    fully_shard(model, **options)\n", "")):
+        assert source.count(anchor) == 1, f"anchor not found once in the example: {anchor!r}"
+        source = source.replace(anchor, replacement)
+    faulty = tmp_path / MEMORY_EXAMPLE.name
+    faulty.write_text(source)
+    run = run_python(faulty, timeout=180)
+    assert run.returncode != 0, run.output[-2000:]
+    assert re.search(r"CheckFailed: model-state bytes: FSDP2 at N=2, rank 0, fp32 adamw: params "
+                     r"measured [\d,]+ B, model [\d,]+ B", run.output), run.output[-3000:]
