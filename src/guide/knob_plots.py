@@ -33,7 +33,8 @@ def gap_vs_bound(gaps: Mapping[str, Sequence[float]],
     ax.set_ylabel("|loss − fp32 loss| (nats/token)")
     ax.set_title("bf16 compute stays far inside one bf16 rounding of the loss")
     ax.legend(loc="lower right", fontsize=9, ncols=2)
-    ax.axhline(FLOOR, color=COLORS["reference"], lw=0.6, ls=":")
+    smallest = min((g for gap in gaps.values() for g in gap if g > 0), default=FLOOR)
+    ax.set_ylim(bottom=smallest / 3)
     return fig
 
 
@@ -53,11 +54,11 @@ def clip_norms(reference: Sequence[float], runs: Mapping[str, Sequence[float]],
     for color, (name, norms) in zip(_CYCLE[1:], local.items()):
         ax.plot(steps, norms, ":", marker=".", color=color, lw=1.2, label=name)
     ax.axhline(max_norm, color="grey", lw=1, ls="-.", label=f"max_norm = {max_norm:g}")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 1.5 * max(max(reference), max_norm))
     ax.set_xlabel("training step")
     ax.set_ylabel("gradient 2-norm (before clipping)")
     ax.set_title("clip_grad_norm_ on DTensors returns the global norm, not a shard's")
-    ax.legend(loc="upper right", fontsize=9)
+    ax.legend(loc="upper left", fontsize=9, ncols=2)
     return fig
 
 
@@ -78,10 +79,10 @@ def reshard_tradeoff(all_gathers: Mapping[str, Mapping[str, int]], kept_mib: Map
     ax1.legend(loc="lower right")
     w = 0.38
     ax2.bar([i - w / 2 for i in x], [kept_mib[n] for n in names], w, color=COLORS["DDP"],
-            label="kept after forward")
+            label="kept after forward (beyond True)")
     ax2.bar([i + w / 2 for i in x], [peak_mib[n] for n in names], w, color=COLORS["DDP"],
-            alpha=0.45, label="step peak")
-    ax2.set_ylabel("MiB per rank (vs. True / baseline)")
+            alpha=0.45, label="step peak (above pre-forward level)")
+    ax2.set_ylabel("MiB per rank")
     ax2.legend(loc="upper left", fontsize=9)
     ax3.bar(x, [step_ms[n] for n in names], color="#7f7f7f")
     ax3.set_ylabel("step time (ms, median; noisy CPU)")
