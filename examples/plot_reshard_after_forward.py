@@ -24,8 +24,8 @@ semantics require and the four runs compute the same losses.
 # -----
 # A wider version of the site's model (d_model 256, 4 blocks), so that the parameters a block keeps
 # unsharded are megabytes, visible above the noise of a process's resident memory. An integer
-# ``reshard_after_forward`` must divide the number of ranks and be neither 1 nor N, so this page
-# needs 4 ranks for ``2``.
+# ``reshard_after_forward`` must divide the number of ranks (``fully_shard``'s docstring asks for a
+# divisor other than 1 and N), so this page runs 4 ranks to show ``2``.
 import statistics
 import time
 
