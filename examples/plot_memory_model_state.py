@@ -265,7 +265,8 @@ handles = [plt.Rectangle((0, 0), 1, 1, color="gray", alpha=a) for a in shades.va
 handles += [plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="gray", hatch="///"),
             plt.Line2D([], [], color="black", lw=2)]
 ax.legend(handles, ["parameters", "gradients", "AdamW state", "DDP gradient buckets",
-                    "model's prediction"], loc="upper right", fontsize=9)
+                    "model's prediction"], loc="upper right", fontsize=9, ncol=3)
+ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend above the bars
 plt.show()
 
 # %%
