@@ -98,7 +98,7 @@ def train_worker(rank: guide.Rank, strategy: str) -> dict:
 
 # %%
 # Under the budget: DDP fails, FSDP2 trains
-# ----------------------------------------
+# -----------------------------------------
 # ``guide.launch(..., memory_limit_mib=BUDGET_MIB)`` sets the limit inside each rank just before the
 # worker runs. An allocation beyond it makes PyTorch's CPU allocator raise
 # ``DefaultCPUAllocator: can't allocate memory``, which the launcher reports as
