@@ -443,7 +443,11 @@ def test_download_zips_hold_every_example_unchanged():
         assert zip_name in files, f"{zip_name} is not among the site's downloads: {sorted(files)}"
         with zipfile.ZipFile(files[zip_name]) as zf:
             members = {Path(n).name: zf.read(n) for n in zf.namelist() if not n.endswith("/")}
-        assert sorted(members) == sorted(s + ext for s in stems), (zip_name, sorted(members))
+        missing = sorted({s + ext for s in stems} - set(members))
+        extra = sorted(set(members) - {s + ext for s in stems})
+        assert not missing and not extra, (
+            f"{zip_name} does not match examples/: missing {missing}, unexpected {extra} "
+            "(is the site built from this checkout?)")
         for name, data in members.items():
             assert name in files, f"{name} is in {zip_name} but not downloadable on its own"
             assert files[name].read_bytes() == data, f"{zip_name}: {name} differs from its download"
