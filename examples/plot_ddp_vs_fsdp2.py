@@ -40,7 +40,8 @@ from guide.training import full_state, make_optimizer, mean_over_ranks, referenc
 WORLD_SIZE = guide.world_size(2)  # 2 here; torchrun's WORLD_SIZE when run under torchrun
 STEPS = 20
 CFG = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
-BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)
+BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16, vocab=CFG.vocab,
+                            seed=0)  # 4 sequences per rank, at any world size
 
 model = build_model(CFG)
 n_params = sum(p.numel() for p in model.parameters())

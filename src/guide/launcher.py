@@ -492,9 +492,7 @@ def _rank_main(rank: int, spec: _Spec) -> None:
     except BaseException as exc:  # noqa: BLE001 (everything a rank raises goes back to the parent)
         record = {"time": time.time(), "type": type(exc).__name__, "message": str(exc),
                   "traceback": traceback.format_exc()}
-        (workdir / f"rank{rank}.error").write_text(json.dumps(record))
-        sys.stderr.write(f"[guide] rank {rank} failed:\n{record['traceback']}")
-        sys.stderr.flush()
+        (workdir / f"rank{rank}.error").write_text(json.dumps(record))  # the parent raises it
         os._exit(1)
     os._exit(0)
 
