@@ -315,3 +315,13 @@ def test_example_fails_when_fsdp2_root_is_not_sharded(tmp_path):
     assert run.returncode != 0, run.output[-2000:]
     assert re.search(r"CheckFailed: model-state bytes: FSDP2 at N=2, rank 0, fp32 adamw: params "
                      r"measured [\d,]+ B, model [\d,]+ B", run.output), run.output[-3000:]
+
+
+@pytest.mark.parametrize("name", sorted(memory.PRESETS))
+def test_fsdp_units_partition_the_parameters(name: str) -> None:
+    """Root + one unit per layer hold every parameter once, and every layer has the same shapes."""
+    arch = memory.PRESETS[name]
+    root, layers = arch.fsdp_units()
+    assert len(layers) == arch.layers and all(layer == layers[0] for layer in layers)
+    assert sorted(root + [s for layer in layers for s in layer]) == sorted(arch.param_shapes())
+    assert (arch.vocab, arch.hidden) in root

@@ -378,6 +378,26 @@ class Architecture:
             shapes.append((self.vocab, h))
         return shapes
 
+    def fsdp_units(self) -> tuple[list[tuple[int, ...]], list[list[tuple[int, ...]]]]:
+        """The parameter shapes grouped as FSDP2 shards them: ``(root, layers)``.
+
+        ``layers[i]`` holds layer ``i``'s shapes (one ``fully_shard(layer)`` unit each); ``root``
+        holds what the final ``fully_shard(model)`` picks up: embeddings, final norm, output head.
+        """
+        shapes = self.param_shapes()
+        first = 1 + bool(self.max_positions)
+        per_layer = (len(shapes) - first - len(self._tail())) // self.layers
+        layers = [shapes[first + i * per_layer: first + (i + 1) * per_layer]
+                  for i in range(self.layers)]
+        root = shapes[:first] + shapes[first + self.layers * per_layer:]
+        return root, layers
+
+    def _tail(self) -> list[tuple[int, ...]]:
+        """Shapes after the last layer: the final norm and, unless tied, the output head."""
+        h = self.hidden
+        tail: list[tuple[int, ...]] = [(h,), (h,)] if self.layernorm else [(h,)]
+        return tail if self.tied_embeddings else tail + [(self.vocab, h)]
+
     @property
     def n_params(self) -> int:
         return sum(math.prod(s) for s in self.param_shapes())
