@@ -34,7 +34,7 @@ from collections import Counter
 import matplotlib.pyplot as plt
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -44,6 +44,7 @@ from guide.comm import CollectiveLog, FSDPGroup
 from guide.data import synthetic_batches
 from guide.memory import PRESETS
 from guide.model import ModelConfig, build_model
+from guide.sharding import apply_fsdp2
 from guide.training import make_optimizer, train_steps
 
 WORLD_SIZE = guide.world_size(2)
@@ -112,9 +113,7 @@ def fsdp2_worker(rank: guide.Rank, reshard: bool, bf16: bool) -> tuple:
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
                               reduce_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    apply_fsdp2(model, mesh, reshard_after_forward=reshard, mp_policy=mp)
     opt = make_optimizer("adamw", model.parameters())
     train_steps(model, opt, BATCHES[:WARMUP], rank.rank, rank.world_size, rank.device)
     with CollectiveLog(model) as log:

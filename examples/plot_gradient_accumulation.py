@@ -29,12 +29,10 @@ import contextlib
 import statistics
 
 import matplotlib.pyplot as plt
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, comm, knob_plots
+from guide import checks, comm, knob_plots, sharding
 from guide.comm import CollectiveLog
 from guide.data import rank_slice, synthetic_batches
 from guide.model import ModelConfig, build_model
@@ -93,15 +91,9 @@ def accumulation_step(model, opt, step_batch, rank, skip_sync: bool) -> float:
 
 def worker(rank: guide.Rank, strategy: str, skip_sync: bool) -> dict:
     prepare()
-    model = build_model(CFG, device=rank.device)
+    model = sharding.wrap(build_model(CFG, device=rank.device), strategy, rank)
     if strategy == "DDP":
-        model = DDP(model)
         comm.count_ddp_allreduce(model)
-    else:
-        mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
     opt = make_optimizer("sgd", model.parameters())
 
     losses = [accumulation_step(model, opt, MICRO[0], rank, skip_sync)]

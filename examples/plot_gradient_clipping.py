@@ -21,12 +21,10 @@ single-process training, step for step. A disagreement **fails the docs build**.
 # clipping; on DTensor gradients it is a ``DTensor`` itself, replicated on every rank.
 import matplotlib.pyplot as plt
 import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import guide
-from guide import checks, knob_plots
+from guide import checks, knob_plots, sharding
 from guide.data import rank_slice, synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.steps import local_grad_norm, next_token_loss
@@ -86,11 +84,7 @@ if clipped == 0 or not effect > 100 * checks.PARAM_TOL["sgd"]:
 
 
 def fsdp2_worker(rank: guide.Rank) -> dict:
-    model = build_model(CFG, device=rank.device)
-    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = sharding.wrap(build_model(CFG, device=rank.device), "FSDP2", rank)
     opt = make_optimizer("sgd", model.parameters())
     run = clipped_steps(model, opt, BATCHES, rank.rank, rank.world_size)
     return {**run, "params": full_state(model)}

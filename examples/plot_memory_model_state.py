@@ -34,12 +34,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
 from guide import memory, plotting
+from guide.sharding import apply_fsdp2
 from guide.checks import CheckFailed
 from guide.data import synthetic_batches
 from guide.memory import GB, GiB
@@ -87,13 +88,11 @@ def wrap(model, strategy, precision, optimizer, rank):
                                                   **opt_kwargs)
         return model, opt_class(model.parameters(), **opt_kwargs)
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    options = {"mesh": mesh, "reshard_after_forward": strategy == "fsdp2"}
+    options = {"reshard_after_forward": strategy == "fsdp2"}
     if precision == "bf16_mixed":
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                     reduce_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, **options)
-    fully_shard(model, **options)
+    apply_fsdp2(model, mesh, **options)
     return model, opt_class(model.parameters(), **opt_kwargs)
 
 

@@ -27,12 +27,9 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, memory, model_state, plotting
+from guide import checks, memory, model_state, plotting, sharding
 from guide.data import synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.peak_memory import PeakMemory, current_bytes, prepare
@@ -51,14 +48,7 @@ def config(n_layers: int) -> ModelConfig:
 def depth_worker(rank: guide.Rank, strategy: str, n_layers: int) -> dict:
     prepare()
     start = current_bytes()
-    model = build_model(config(n_layers), device=rank.device)
-    if strategy == "DDP":
-        model = DDP(model)
-    else:
-        mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    model = sharding.wrap(build_model(config(n_layers), device=rank.device), strategy, rank)
     opt = make_optimizer("adamw", model.parameters())
     with PeakMemory(rank.device) as peak:
         train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)

@@ -35,7 +35,7 @@ import math
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, memory, model_state, plotting
+from guide import checks, memory, model_state, plotting, sharding
 from guide.data import synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.peak_memory import PeakMemory, current_bytes, data_segment_bytes, prepare
@@ -71,22 +71,12 @@ print(f"a fresh rank starts with VmData = {START / MiB:.0f} MiB; budget per rank
 # (``VmHWM`` after a reset; see the method below), and at the end it reads the model state it really
 # holds (:func:`guide.model_state.measure`). ``prepare()`` makes freed memory leave the process, so
 # that both the budget and the measurement track live tensors, not heap fragmentation.
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 
 def train_worker(rank: guide.Rank, strategy: str) -> dict:
     prepare()
     start = current_bytes()
-    model = build_model(CFG, device=rank.device)
-    if strategy == "DDP":
-        model = DDP(model)
-    else:
-        mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    model = sharding.wrap(build_model(CFG, device=rank.device), strategy, rank)
     opt = make_optimizer("adamw", model.parameters())
     with PeakMemory(rank.device) as peak:
         losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)

@@ -32,13 +32,13 @@ import time
 import matplotlib.pyplot as plt
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 import guide
 from guide import checks, comm, knob_plots
 from guide.comm import CollectiveLog
 from guide.data import rank_slice, synthetic_batches
 from guide.model import ModelConfig, build_model
+from guide.sharding import apply_fsdp2
 from guide.peak_memory import MMAP_THRESHOLD, prepare
 from guide.steps import measured_step, next_token_loss
 from guide.training import make_optimizer, mean_over_ranks, train_steps
@@ -68,9 +68,7 @@ def worker(rank: guide.Rank, reshard_after_forward) -> dict:
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
     kwargs = {} if reshard_after_forward is None else {
         "reshard_after_forward": reshard_after_forward}
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, **kwargs)
-    fully_shard(model, mesh=mesh, **kwargs)
+    apply_fsdp2(model, mesh, **kwargs)
     opt = make_optimizer("sgd", model.parameters())
     tokens = [rank_slice(b, rank.rank, rank.world_size).to(rank.device) for b in BATCHES]
 
@@ -234,9 +232,7 @@ def offload_worker(rank: guide.Rank, offload: bool) -> dict:
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
     kwargs = {"offload_policy": CPUOffloadPolicy()} if offload else {}  # pin_memory=True
     try:
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh, **kwargs)
-        fully_shard(model, mesh=mesh, **kwargs)
+        apply_fsdp2(model, mesh, **kwargs)
         opt = make_optimizer("adamw", model.parameters())
         train_steps(model, opt, BATCHES[:2], rank.rank, rank.world_size, rank.device)
     except RuntimeError as exc:

@@ -121,3 +121,29 @@ def test_bad_inputs_get_clear_errors() -> None:
         mean_over_ranks([[1.0], [1.0, 2.0]])
     with pytest.raises(ValueError, match="exceeds ModelConfig.max_seq=32"):
         build_model()(torch.zeros(1, 40, dtype=torch.long))
+
+
+def test_sharding_wrap_refuses_what_it_cannot_do() -> None:
+    from guide import sharding
+
+    rank = guide.Rank(0, 1, torch.device("cpu"), "gloo")
+    with pytest.raises(ValueError, match=r"unknown strategy 'ZeRO-4'; choose one of \('DDP', 'FSDP2'\)"):
+        sharding.wrap(build_model(), "ZeRO-4", rank)
+    with pytest.raises(ValueError, match="are FSDP2's; DDP takes none"):
+        sharding.wrap(build_model(), "DDP", rank, reshard_after_forward=False)
+    with pytest.raises(ValueError, match="expects a model with .blocks"):
+        sharding.apply_fsdp2(torch.nn.Linear(2, 2), mesh=None)
+
+
+def _wrapped_layouts(rank: guide.Rank, strategy: str) -> list:
+    from guide import sharding
+
+    return checks.param_layouts(sharding.wrap(build_model(UNEVEN), strategy, rank), rank.rank)
+
+
+def test_sharding_wrap_applies_each_policy() -> None:
+    fsdp = [lay for r in guide.launch(_wrapped_layouts, 2, "FSDP2") for lay in r]
+    checks.assert_sharded("wrap FSDP2", fsdp, 2)
+    ddp = [lay for r in guide.launch(_wrapped_layouts, 2, "DDP") for lay in r]
+    checks.assert_replicated("wrap DDP", ddp, {n: p.shape for n, p in
+                                               build_model(UNEVEN).named_parameters()})

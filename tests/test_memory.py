@@ -306,7 +306,10 @@ def test_example_fails_when_fsdp2_root_is_not_sharded(tmp_path):
     for anchor, replacement in (
             ("WORLD_SIZES = (1, 2, 4)\n", "WORLD_SIZES = (2,)\n"),
             ('RUNS = (("fp32", "adamw"), ', 'RUNS = (("fp32", "adamw"),)  # '),
-            ("    fully_shard(model, **options)\n", "")):
+            ("    apply_fsdp2(model, mesh, **options)\n",
+             "    from torch.distributed.fsdp import fully_shard\n"
+             "    for block in model.blocks:\n"
+             "        fully_shard(block, mesh=mesh, **options)\n")):
         assert source.count(anchor) == 1, f"anchor not found once in the example: {anchor!r}"
         source = source.replace(anchor, replacement)
     faulty = tmp_path / MEMORY_EXAMPLE.name

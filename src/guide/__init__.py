@@ -4,6 +4,7 @@ One concept per module:
 
 * :mod:`guide.launcher` -- run a worker on N ranks (forkserver + gloo locally, or under torchrun).
 * :mod:`guide.model` -- the mini transformer every example trains.
+* :mod:`guide.sharding` -- one function per data-parallel policy (DDP, FSDP2 per block + root).
 * :mod:`guide.data` -- deterministic synthetic token batches and the per-rank slice of a batch.
 * :mod:`guide.training` -- the plain training loop and the single-process reference run.
 * :mod:`guide.checks` -- the assertions that fail the build: equivalence and sharding.
