@@ -176,12 +176,16 @@ for name in SETTINGS:
 # Between forward and backward a unit that did not reshard keeps its all-gathered parameters: all of
 # them for ``False``, half of them for ``2`` (each rank holds one of 2 shards). The forward's
 # leftover (activations plus those parameters) must exceed ``True``'s by exactly that many bytes,
-# computed from the padded shapes (:func:`guide.comm.fsdp2_padded_numel`), within 10 % (plus the
-# tensors below glibc's mmap threshold, which can reuse resident heap pages unseen). The step's
+# computed from the padded shapes (:func:`guide.comm.fsdp2_padded_numel`), within 10 % plus the
+# tensors below glibc's mmap threshold (which can reuse resident heap pages unseen) plus 0.25 MiB,
+# the run-to-run spread of resident memory read between two runs here (±0.1 MiB seen). That
+# resolution cannot tell the default's 0.3 MiB of root parameters from nothing, which is why the
+# default's layout is asserted from the parameters themselves, above. The step's
 # peak moves less than that: with ``True`` the backward re-gathers a unit (and prefetches the next)
 # at the same time as it holds that unit's full gradient. Step time is measured too, but on two shared
 # CPU cores running four ranks it is dominated by scheduling, so it is shown, not asserted.
 MiB = 2**20
+NOISE = MiB // 4  # resolution of "resident after forward" between two separate runs
 padded = {id(p): comm.fsdp2_padded_numel(p.shape, WORLD_SIZE) * 4 for p in model.parameters()}
 kept = {"True": {}, "False": {i: b for i, b in padded.items()},
         "2": {i: b // 2 for i, b in padded.items()},
@@ -196,11 +200,12 @@ for name, res in results.items():
     small = sum(b for b in kept[name].values() if b < MMAP_THRESHOLD)
     rows.append((name, extra / MiB, want / MiB, max(r["memory"].peak_bytes for r in res) / MiB,
                  statistics.median(r["step_s"] for r in res) * 1e3))
-    if not abs(extra - want) <= 0.1 * want + small:
+    if not abs(extra - want) <= 0.1 * want + small + NOISE:
         raise checks.CheckFailed(
             f"[memory] FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}: the forward left "
             f"{extra / MiB:.2f} MiB more than True's, expected {want / MiB:.2f} MiB (the parameters "
-            f"it keeps unsharded) within 10 % + {small / MiB:.2f} MiB of small tensors.")
+            f"it keeps unsharded) within 10 % + {small / MiB:.2f} MiB of small tensors + "
+            f"{NOISE / MiB:.2f} MiB of measurement spread.")
 print(f"{'setting':<16}{'kept after fwd':>16}{'expected':>10}{'step peak':>11}{'step time':>11}")
 for name, extra, want, peak, ms in rows:
     print(f"{name:<16}{extra:>12.2f} MiB{want:>6.2f} MiB{peak:>7.1f} MiB{ms:>8.0f} ms")
