@@ -15,6 +15,7 @@ if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.b
         matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 __all__ = ["COLORS", "STYLE", "loss_comparison", "style"]
 
@@ -45,9 +46,10 @@ def style() -> None:
 
 def loss_comparison(reference: Mapping[str, Sequence[float]],
                     runs: Mapping[str, Mapping[str, Sequence[float]]],
-                    world_size: int) -> plt.Figure:
+                    world_size: int, tol: float | None = None) -> plt.Figure:
     """Top row: loss per step for the reference and each distributed run, one column per optimizer.
-    Bottom row: ``|loss - reference|`` on a log scale, zeros drawn at :data:`FLOOR`."""
+    Bottom row: ``|loss - reference|`` on a log scale, zeros drawn at :data:`FLOOR`, and the
+    tolerance the build asserts (``tol``) as a line."""
     style()
     cols = list(reference)
     fig, axes = plt.subplots(2, len(cols), figsize=(5.2 * len(cols), 6.4), sharex=True,
@@ -67,10 +69,15 @@ def loss_comparison(reference: Mapping[str, Sequence[float]],
         top.set_ylabel("training loss (nats/token)")
         top.legend(loc="upper right")
         bottom.set_yscale("log")
-        bottom.set_ylim(FLOOR / 3, 1e-4)
+        bottom.set_ylim(FLOOR / 3, max(1e-4, 10 * (tol or 0)))
+        if tol is not None:
+            bottom.axhline(tol, color="black", lw=1, ls="--")
+            bottom.text(len(reference[opt]) - 1, tol * 1.5, "tolerance (build fails above)",
+                        ha="right", fontsize=9)
         bottom.axhline(FLOOR, color="grey", lw=0.8, ls=":")
         bottom.text(0, FLOOR * 1.6, "bitwise equal", color="grey", fontsize=9)
         bottom.set_ylabel("|loss − reference| (nats)")
         bottom.set_xlabel("training step")
+        bottom.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         bottom.legend(loc="upper left", ncols=2)
     return fig
