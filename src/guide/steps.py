@@ -4,7 +4,8 @@
 and gradient clipping need to put something *between* backward and the optimizer step (a skipped
 gradient sync, a ``clip_grad_norm_``), so they write the loop themselves, from these pieces:
 
-* :func:`next_token_loss`: the loss of one token batch, the same objective as ``train_steps``;
+* :func:`next_token_loss` (from :mod:`guide.training`): the loss of one token batch, the objective
+  ``train_steps`` minimises;
 * :func:`micro_batches`: a global batch of ``k * B`` sequences as ``k`` micro-batches of ``B``;
 * :func:`local_grad_norm`: the gradient norm one rank could compute alone, from its own shards;
 * :func:`measured_step`: one step with the memory its forward leaves behind and its peak.
@@ -16,22 +17,11 @@ import dataclasses
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PhasedStep", "local_grad_norm", "measured_step", "micro_batches", "next_token_loss"]
+from guide.training import next_token_loss  # noqa: F401 (re-exported for the knob pages)
 
-
-def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of predicting ``tokens[:, 1:]`` from ``tokens[:, :-1]`` (a ``(B, T+1)``
-    batch): the loss :func:`guide.training.train_steps` minimises. The logits are taken in fp32
-    (a no-op for an fp32 model) so that a low-precision forward does not round the loss itself."""
-    if tokens.dim() != 2 or tokens.shape[1] < 2:
-        raise ValueError(f"tokens must be a (batch, seq_len + 1) tensor with seq_len >= 1, got shape "
-                         f"{tuple(tokens.shape)}.")
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    logits = model(inputs)
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+__all__ = ["PhasedStep", "local_grad_norm", "measured_step", "micro_batches"]
 
 
 def micro_batches(batches: torch.Tensor, k: int) -> torch.Tensor:

@@ -17,8 +17,8 @@ from torch import nn
 from guide.data import rank_slice
 from guide.model import ModelConfig, build_model
 
-__all__ = ["OPTIMIZERS", "full_state", "make_optimizer", "mean_over_ranks", "reference_run",
-           "train_steps", "NonFiniteLoss"]
+__all__ = ["OPTIMIZERS", "NonFiniteLoss", "full_state", "make_optimizer", "mean_over_ranks",
+           "next_token_loss", "reference_run", "train_steps"]
 
 #: The optimizers the examples compare, with their learning rates. SGD is the sharp instrument
 #: (update = lr * grad: a 2x gradient is a 2x step); AdamW normalises the gradient scale away.
@@ -42,6 +42,17 @@ def make_optimizer(name: str, params) -> torch.optim.Optimizer:
     return factory(list(params))
 
 
+def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting ``tokens[:, 1:]`` from ``tokens[:, :-1]`` (a ``(B, T+1)``
+    batch): the objective every run on the site minimises. The logits are taken in fp32 (a no-op
+    for an fp32 model) so that a low-precision forward does not round the loss itself."""
+    if tokens.dim() != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"tokens must be a (batch, seq_len + 1) tensor with seq_len >= 1, got shape "
+                         f"{tuple(tokens.shape)}.")
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
 def train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batches: torch.Tensor,
                 rank: int = 0, world_size: int = 1,
                 device: torch.device | str = "cpu") -> list[float]:
@@ -55,10 +66,8 @@ def train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batches: tor
     losses = []
     for step, batch in enumerate(batches):
         tokens = rank_slice(batch, rank, world_size).to(device)
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
         optimizer.zero_grad(set_to_none=True)
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = next_token_loss(model, tokens)
         loss.backward()
         optimizer.step()
         value = loss.item()
