@@ -92,8 +92,8 @@ __all__ = [
 #: How far measured element counts may sit from the analytical model (relative) before a page fails.
 ELEMENT_TOL = 0.02
 
-#: How far a rank's measured wire bytes (``wchar``) may sit from the gloo model (relative). Measured
-#: gaps are 0.1-0.5 % on the site's model (gloo's message headers).
+#: How far a rank's measured wire bytes (``wchar``) may sit from the gloo model (relative): the gap
+#: is gloo's message headers; the communication example prints both for every run.
 WIRE_TOL = 0.02
 
 #: The ``torch.distributed`` functions :class:`CollectiveLog` wraps, and the kind each one records.
@@ -228,7 +228,7 @@ class CollectiveLog:
             self._handles.append(self.model.register_forward_hook(self._leave_forward,
                                                                   always_call=True))
             if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
-                count_ddp_allreduce(self.model, self)
+                count_ddp_allreduce(self.model)
         from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                            register_optimizer_step_pre_hook)
 
@@ -286,11 +286,9 @@ class CollectiveLog:
 
     def record(self, kind: str, tensor_numel: int, dtype: torch.dtype, group_size: int) -> None:
         """Append one collective (used by the wrappers and the DDP hook; public for custom hooks)."""
-        size = torch.empty((), dtype=dtype).element_size()
         with self._lock:
-            self.records.append(Collective(kind, dtype_name(dtype), int(tensor_numel),
-                                           int(tensor_numel) * size, self._current_phase(),
-                                           group_size))
+            self.records.append(_coll(kind, dtype, int(tensor_numel), self._current_phase(),
+                                      group_size))
 
     def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         import inspect
@@ -353,22 +351,20 @@ def summarize(records: Iterable[Collective], steps: int = 1) -> dict[tuple[str, 
     return out
 
 
-def count_ddp_allreduce(ddp_model: nn.Module, log: CollectiveLog | None = None) -> None:
+def count_ddp_allreduce(ddp_model: nn.Module) -> None:
     """Make DDP's gradient all-reduce visible to :class:`CollectiveLog`.
 
     DDP's reducer all-reduces each gradient bucket in C++. This registers a Python communication hook
     that does the same arithmetic as DDP's built-in one (divide by N, all-reduce, via
     ``allreduce_hook``) through ``torch.distributed.all_reduce``, which an active log records. DDP
     allows one hook per model, so the hook is registered once and reused; registering it before the
-    first step (or at least before the steps you count) is safest. ``log`` is accepted for symmetry
-    and unused: whichever log is active when the bucket is reduced records it.
+    first step (or at least before the steps you count) is safest. Whichever log is active when a
+    bucket is reduced records it.
     """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError(
             f"count_ddp_allreduce needs a DistributedDataParallel model, got "
             f"{type(ddp_model).__name__}; FSDP2 and ZeRO-1 collectives need no hook.")
-    if log is not None and not isinstance(log, CollectiveLog):
-        raise ValueError(f"log must be a CollectiveLog or None, got {type(log).__name__}.")
     if getattr(ddp_model, "_guide_comm_counter", None) is not None:
         return
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -442,8 +438,7 @@ class FSDPGroup:
 
 
 def _coll(kind: str, dtype: torch.dtype, numel: int, phase: str | None, n: int) -> Collective:
-    return Collective(kind, dtype_name(dtype), numel,
-                      numel * torch.empty((), dtype=dtype).element_size(), phase, n)
+    return Collective(kind, dtype_name(dtype), numel, numel * dtype.itemsize, phase, n)
 
 
 def ddp_step(shapes: Iterable[Any], world_size: int,
@@ -480,12 +475,9 @@ def fsdp2_step(groups: Sequence[FSDPGroup], world_size: int,
     if not groups or not all(isinstance(g, FSDPGroup) for g in groups):
         raise ValueError("fsdp2_step needs a non-empty sequence of FSDPGroup (one per fully_shard).")
     reduce_dtype = reduce_dtype or param_dtype
-    out = []
-    for g in groups:
-        numel = sum(fsdp2_padded_numel(s, world_size) for s in g.shapes)
-        out.append(_coll("all_gather", param_dtype, numel, "forward", world_size))
-    for g in reversed(groups):
-        numel = sum(fsdp2_padded_numel(s, world_size) for s in g.shapes)
+    sizes = [sum(fsdp2_padded_numel(s, world_size) for s in g.shapes) for g in groups]
+    out = [_coll("all_gather", param_dtype, numel, "forward", world_size) for numel in sizes]
+    for g, numel in zip(reversed(groups), reversed(sizes)):
         if g.reshard_after_forward:
             out.append(_coll("all_gather", param_dtype, numel, "backward", world_size))
         out.append(_coll("reduce_scatter", reduce_dtype, numel, "backward", world_size))
@@ -635,14 +627,15 @@ def bytes_chart(runs: Mapping[str, Sequence[Collective]], measured_wire: Mapping
     plotting.style()
     fig, ax = plt.subplots(figsize=(8.6, 4.4))
     names = list(runs)
+    labelled: set[str] = set()  # one legend entry per kind: on the first bar that has it
     for i, name in enumerate(names):
         bottom = 0.0
         for kind in KINDS:
             b = sum(ring_bytes(c, world_size) for c in runs[name] if c.kind == kind) / unit
             if b:
                 ax.bar(i, b, bottom=bottom, color=KIND_COLORS[kind], width=0.6,
-                       label=kind.replace("_", "-") if i == names.index(next(
-                           n for n in names if any(c.kind == kind for c in runs[n]))) else None)
+                       label=None if kind in labelled else kind.replace("_", "-"))
+                labelled.add(kind)
                 bottom += b
     ax.scatter(range(len(names)), [measured_wire[n] / unit for n in names], marker="D", s=60,
                color="black", zorder=3, label="gloo, measured (wchar)")
