@@ -24,18 +24,14 @@ import torch
 from torch import nn
 
 from guide.checks import CheckFailed
+from guide.comm import dtype_name
+from guide.model_state import local_tensor
 
 __all__ = ["ForwardDtypes", "assert_dtypes", "assert_loss_gap_within", "collective_support",
            "grad_dtypes", "loss_gap_bound", "lost_update_fraction", "stored_dtypes",
            "unit_roundoff"]
 
 _FLOATS = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _name(name: str) -> str:
@@ -45,13 +41,13 @@ def _name(name: str) -> str:
 def stored_dtypes(model: nn.Module) -> dict[str, torch.dtype]:
     """The dtype each parameter is *stored* in on this rank, between steps: for FSDP2 the dtype of
     the local shard of the ``DTensor`` (what the optimizer updates), else the tensor's own."""
-    return {_name(n): _local(p).dtype for n, p in model.named_parameters()}
+    return {_name(n): local_tensor(p).dtype for n, p in model.named_parameters()}
 
 
 def grad_dtypes(model: nn.Module) -> dict[str, torch.dtype | None]:
     """The dtype of each parameter's ``.grad`` on this rank (the local shard for FSDP2), ``None``
     where there is no gradient. Read it after ``backward()`` and before ``zero_grad()``."""
-    return {_name(n): None if p.grad is None else _local(p.grad).dtype
+    return {_name(n): None if p.grad is None else local_tensor(p.grad).dtype
             for n, p in model.named_parameters()}
 
 
@@ -59,9 +55,9 @@ class ForwardDtypes:
     """Context manager: record what every layer computes with while the forward runs.
 
     One forward hook per module records, each time the module runs, the dtype of its output and
-    the dtype, type and shape of each parameter it owns directly *as the module sees it* (under FSDP2, the unsharded
-    tensor that ``fully_shard`` swapped in for the forward, not the sharded ``DTensor`` stored
-    between steps) and the dtype of the module's output. After the block:
+    the dtype, type and shape of each parameter it owns directly *as the module sees it* (under
+    FSDP2, the unsharded tensor that ``fully_shard`` swapped in for the forward, not the sharded
+    ``DTensor`` stored between steps). After the block:
 
     * ``params``: ``{parameter name: dtype}``;
     * ``param_kinds``: ``{parameter name: "DTensor" | "Tensor"}`` (a plain tensor means unsharded);
@@ -117,13 +113,13 @@ def assert_dtypes(run: str, what: str, observed: Mapping[str, torch.dtype | str 
     """
     if not observed:
         raise CheckFailed(f"[dtype] {run}: no {what} were observed; nothing to check.")
-    want = str(expected).removeprefix("torch.")
+    want = dtype_name(expected)
     for name, dtype in observed.items():
-        got = str(dtype).removeprefix("torch.")
+        got = dtype_name(dtype)
         if got != want:
+            differ = sum(dtype_name(d) != want for d in observed.values())
             raise CheckFailed(f"[dtype] {run}: {what}: {name} is {got}, expected {want} "
-                              f"({sum(str(d).removeprefix('torch.') != want for d in observed.values())}"
-                              f" of {len(observed)} differ).")
+                              f"({differ} of {len(observed)} differ).")
     return len(observed)
 
 
@@ -182,7 +178,7 @@ def lost_update_fraction(before: Iterable[torch.Tensor], after: Iterable[torch.T
     weight is rounded away; FSDP2 keeps fp32 sharded parameters (master weights) to keep it."""
     lost = total = 0
     for b, a in zip(before, after, strict=True):
-        b, a = _local(b).detach().float(), _local(a).detach().float()
+        b, a = local_tensor(b).detach().float(), local_tensor(a).detach().float()
         if b.shape != a.shape:
             raise ValueError(f"a parameter of shape {tuple(b.shape)} was paired with one of shape "
                              f"{tuple(a.shape)}; pass the same parameters before and after the step.")
