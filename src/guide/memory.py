@@ -353,30 +353,26 @@ class Architecture:
             raise ValueError(f"Architecture.max_positions must be an integer >= 0, "
                              f"got {self.max_positions!r}.")
 
-    def param_shapes(self) -> list[tuple[int, ...]]:
-        """One shape per parameter tensor, in the order a Hugging Face model lists them."""
+    def _parts(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]], list[tuple[int, ...]]]:
+        """(embeddings, one layer, tail): the tail is the final norm and, unless tied, the head."""
         h, f = self.hidden, self.mlp
         kv = (self.kv_heads or self.heads) * (h // self.heads)
-        norm = [(h,), (h,)] if self.layernorm else [(h,)]
+        norm: list[tuple[int, ...]] = [(h,), (h,)] if self.layernorm else [(h,)]
 
         def linear(out: int, inp: int) -> list[tuple[int, ...]]:
             return [(out, inp), (out,)] if self.bias else [(out, inp)]
 
-        shapes: list[tuple[int, ...]] = [(self.vocab, h)]
-        if self.max_positions:
-            shapes.append((self.max_positions, h))
-        for _ in range(self.layers):
-            shapes += norm
-            shapes += linear(h, h) + linear(kv, h) + linear(kv, h) + linear(h, h)
-            shapes += norm
-            if self.gated_mlp:
-                shapes += linear(f, h) + linear(f, h) + linear(h, f)
-            else:
-                shapes += linear(f, h) + linear(h, f)
-        shapes += norm
-        if not self.tied_embeddings:
-            shapes.append((self.vocab, h))
-        return shapes
+        mlp = (linear(f, h) + linear(f, h) + linear(h, f) if self.gated_mlp
+               else linear(f, h) + linear(h, f))
+        layer = norm + linear(h, h) + linear(kv, h) + linear(kv, h) + linear(h, h) + norm + mlp
+        embeddings = [(self.vocab, h)] + ([(self.max_positions, h)] if self.max_positions else [])
+        tail = norm + ([] if self.tied_embeddings else [(self.vocab, h)])
+        return embeddings, layer, tail
+
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        """One shape per parameter tensor, in the order a Hugging Face model lists them."""
+        embeddings, layer, tail = self._parts()
+        return embeddings + layer * self.layers + tail
 
     def fsdp_units(self) -> tuple[list[tuple[int, ...]], list[list[tuple[int, ...]]]]:
         """The parameter shapes grouped as FSDP2 shards them: ``(root, layers)``.
@@ -384,19 +380,8 @@ class Architecture:
         ``layers[i]`` holds layer ``i``'s shapes (one ``fully_shard(layer)`` unit each); ``root``
         holds what the final ``fully_shard(model)`` picks up: embeddings, final norm, output head.
         """
-        shapes = self.param_shapes()
-        first = 1 + bool(self.max_positions)
-        per_layer = (len(shapes) - first - len(self._tail())) // self.layers
-        layers = [shapes[first + i * per_layer: first + (i + 1) * per_layer]
-                  for i in range(self.layers)]
-        root = shapes[:first] + shapes[first + self.layers * per_layer:]
-        return root, layers
-
-    def _tail(self) -> list[tuple[int, ...]]:
-        """Shapes after the last layer: the final norm and, unless tied, the output head."""
-        h = self.hidden
-        tail: list[tuple[int, ...]] = [(h,), (h,)] if self.layernorm else [(h,)]
-        return tail if self.tied_embeddings else tail + [(self.vocab, h)]
+        embeddings, layer, tail = self._parts()
+        return embeddings + tail, [list(layer) for _ in range(self.layers)]
 
     @property
     def n_params(self) -> int:
