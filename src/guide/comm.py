@@ -77,6 +77,7 @@ __all__ = [
     "count_ddp_allreduce",
     "ddp_step",
     "dtype_name",
+    "fsdp2_groups",
     "fsdp2_padded_numel",
     "fsdp2_step",
     "gloo_bytes",
@@ -435,6 +436,25 @@ class FSDPGroup:
         """A group from the (unsharded) parameters a ``fully_shard`` call will own."""
         return cls(tuple(tuple(s) for s in _shape_list(params, "FSDPGroup.of")),
                    bool(reshard_after_forward))
+
+
+def fsdp2_groups(model: nn.Module, reshard_after_forward: bool | None = None) -> list[FSDPGroup]:
+    """The units :func:`guide.sharding.apply_fsdp2` makes of ``model``, in forward order: the root
+    (what the final ``fully_shard(model)`` owns: embeddings, final norm, head), then each block.
+
+    ``reshard_after_forward`` is the value given to ``apply_fsdp2``; ``None`` is ``fully_shard``'s
+    default, which reshards the blocks and keeps the root's parameters until backward. Shapes are
+    global, so the model may be called before or after sharding.
+    """
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(model, nn.Module) or blocks is None:
+        raise ValueError(f"fsdp2_groups expects a model with .blocks (a TinyLM), got "
+                         f"{type(model).__name__}; build FSDPGroup.of(...) per fully_shard call instead.")
+    in_blocks = {id(p) for b in blocks for p in b.parameters()}
+    root = [p for p in model.parameters() if id(p) not in in_blocks]
+    root_flag, block_flag = ((False, True) if reshard_after_forward is None
+                             else (reshard_after_forward, reshard_after_forward))
+    return [FSDPGroup.of(root, root_flag), *(FSDPGroup.of(b.parameters(), block_flag) for b in blocks)]
 
 
 def _coll(kind: str, dtype: torch.dtype, numel: int, phase: str | None, n: int) -> Collective:
