@@ -42,7 +42,7 @@ BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.voc
 
 
 def probe_worker(rank: guide.Rank) -> tuple[str, dict]:
-    return rank.backend, {str(dt).removeprefix("torch."): precision.collective_support(dt)
+    return rank.backend, {dtype_name(dt): precision.collective_support(dt)
                           for dt in (torch.bfloat16, torch.float32)}
 
 
@@ -106,8 +106,8 @@ def mp_worker(rank: guide.Rank, optimizer: str, param_dtype: torch.dtype,
 # %%
 # Four runs against the fp32 reference
 # ------------------------------------
-# SGD in fp32 (no policy: the baseline for bytes), SGD and AdamW with bf16 parameters and fp32
-# reduction (the recommended setting), and SGD with the reduction in bf16 too.
+# SGD in fp32 (an all-fp32 policy: the baseline for bytes), SGD and AdamW with bf16 parameters and
+# fp32 reduction (the recommended setting), and SGD with the reduction in bf16 too.
 BF16, FP32 = torch.bfloat16, torch.float32
 RUNS = {  # name: (optimizer, param_dtype, reduce_dtype)
     "fp32, SGD": ("sgd", FP32, FP32),
@@ -166,7 +166,7 @@ for name, (_, param_dtype, reduce_dtype) in RUNS.items():
     recs = results[name][0]["collectives"]
     for kind, want in (("all_gather", param_dtype), ("reduce_scatter", reduce_dtype)):
         dtypes = {c.dtype for c in recs if c.kind == kind}
-        if dtypes != {str(want).removeprefix("torch.")}:
+        if dtypes != {dtype_name(want)}:
             raise checks.CheckFailed(f"[wire dtype] FSDP2 x{WORLD_SIZE} {name}: {kind} ran in "
                                      f"{sorted(dtypes)}, expected {want}.")
         wire[name, kind] = (sum(c.kind == kind for c in recs), sum(c.bytes for c in recs
@@ -208,22 +208,22 @@ print("\nbf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype ha
 u = precision.unit_roundoff(BF16)
 print(f"bf16: u = 2**-8 = {u:.6f} (finfo eps = {torch.finfo(BF16).eps:.6f}); "
       f"fp32: u = {precision.unit_roundoff(FP32):.2e}")
-gaps = {}
+gaps, bounds = {}, {}
 for name, (opt, param_dtype, _) in RUNS.items():
     losses = mean_over_ranks([r["losses"] for r in results[name]])
     run = f"FSDP2 x{WORLD_SIZE} {name}"
     if param_dtype == FP32:
         checks.assert_losses_match(run, REFERENCE[opt], losses)
         continue
-    bounds = precision.loss_gap_bound(REFERENCE[opt], param_dtype)
-    worst = precision.assert_loss_gap_within(run, REFERENCE[opt], losses, bounds)
+    bounds[name] = precision.loss_gap_bound(REFERENCE[opt], param_dtype)
+    worst = precision.assert_loss_gap_within(run, REFERENCE[opt], losses, bounds[name])
     gaps[name] = [abs(a - b) for a, b in zip(losses, REFERENCE[opt])]
-    print(f"{name:<18} step-0 gap {gaps[name][0]:.1e} ({gaps[name][0] / bounds[0]:.1%} of u·L), "
+    print(f"{name:<18} step-0 gap {gaps[name][0]:.1e} "
+          f"({gaps[name][0] / bounds[name][0]:.1%} of u·L), "
           f"largest gap {max(gaps[name]):.1e}, at most {worst:.1%} of the bound")
 print(f"fp32, SGD          matches the reference within {checks.LOSS_TOL:.0e} (no bf16 anywhere)")
 
-fig = knob_plots.gap_vs_bound(gaps, {name: precision.loss_gap_bound(REFERENCE[RUNS[name][0]], BF16)
-                                     for name in gaps})
+fig = knob_plots.gap_vs_bound(gaps, bounds)
 plt.show()
 
 # %%
