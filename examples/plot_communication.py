@@ -36,7 +36,6 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
 from guide import checks, comm
@@ -44,7 +43,8 @@ from guide.comm import CollectiveLog, FSDPGroup
 from guide.data import synthetic_batches
 from guide.memory import PRESETS
 from guide.model import ModelConfig, build_model
-from guide.sharding import apply_fsdp2
+from guide.model_state import param_shapes
+from guide.sharding import apply_ddp, apply_fsdp2
 from guide.training import make_optimizer, train_steps
 
 WORLD_SIZE = guide.world_size(2)
@@ -55,7 +55,7 @@ CFG = ModelConfig(vocab=127, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=WARMUP + STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)
 
 model = build_model(CFG)
-shapes = [tuple(p.shape) for p in model.parameters()]
+shapes = param_shapes(model)
 PSI = sum(math.prod(s) for s in shapes)
 padded = sum(comm.fsdp2_padded_numel(s, WORLD_SIZE) for s in shapes)
 print(f"Ψ = {PSI:,} parameters; FSDP2's buffers at {WORLD_SIZE} ranks hold {padded:,} elements "
@@ -82,22 +82,28 @@ print(f"Ψ = {PSI:,} parameters; FSDP2's buffers at {WORLD_SIZE} ranks hold {pad
 # wire", and it also sees what the wrappers miss. (Under ``torchrun`` with nccl, GPU traffic writes
 # no file descriptor: the workers then return no wire bytes and the page skips those checks.)
 #
-# The workers are ordinary training code. ZeRO-1 is DDP plus ``ZeroRedundancyOptimizer``, which
-# shards the AdamW state and broadcasts each parameter from the rank that updated it.
+# The workers are ordinary training code, and each counts its steps the same way: one warm-up step
+# outside the log, then ``STEPS`` steps inside it. ZeRO-1 is DDP plus ``ZeroRedundancyOptimizer``,
+# which shards the AdamW state and broadcasts each parameter from the rank that updated it.
+
+
+def counted_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, rank: guide.Rank) -> tuple:
+    """This rank's collectives over ``STEPS`` steps after the warm-up, and the bytes it wrote."""
+    train_steps(model, opt, BATCHES[:WARMUP], rank.rank, rank.world_size, rank.device)
+    with CollectiveLog(model) as log:
+        train_steps(model, opt, BATCHES[WARMUP:], rank.rank, rank.world_size, rank.device)
+    return log.records, log.wire_bytes if rank.backend == "gloo" else None  # nccl: see above
 
 
 def ddp_worker(rank: guide.Rank, zero1: bool) -> tuple:
-    model = DDP(build_model(CFG, device=rank.device))
+    model = apply_ddp(build_model(CFG, device=rank.device), rank)
     if zero1:
         opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2,
                                       weight_decay=0.01)
     else:
         opt = make_optimizer("adamw", model.parameters())
     comm.count_ddp_allreduce(model)  # route the bucket all-reduce through Python, before any step
-    train_steps(model, opt, BATCHES[:WARMUP], rank.rank, rank.world_size, rank.device)
-    with CollectiveLog(model) as log:
-        train_steps(model, opt, BATCHES[WARMUP:], rank.rank, rank.world_size, rank.device)
-    return log.records, log.wire_bytes if rank.backend == "gloo" else None  # see below
+    return counted_steps(model, opt, rank)
 
 
 # %%
@@ -114,11 +120,7 @@ def fsdp2_worker(rank: guide.Rank, reshard: bool, bf16: bool) -> tuple:
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
                               reduce_dtype=torch.float32)
     apply_fsdp2(model, mesh, reshard_after_forward=reshard, mp_policy=mp)
-    opt = make_optimizer("adamw", model.parameters())
-    train_steps(model, opt, BATCHES[:WARMUP], rank.rank, rank.world_size, rank.device)
-    with CollectiveLog(model) as log:
-        train_steps(model, opt, BATCHES[WARMUP:], rank.rank, rank.world_size, rank.device)
-    return log.records, log.wire_bytes if rank.backend == "gloo" else None
+    return counted_steps(model, make_optimizer("adamw", model.parameters()), rank)
 
 
 RUNS = {  # name -> (worker, its arguments)
@@ -132,7 +134,7 @@ RUNS = {  # name -> (worker, its arguments)
 
 
 def all_runs(rank: guide.Rank) -> dict:
-    """Every run above, one after the other in the same ranks (one launch instead of six)."""
+    """Every run above, one after the other in the same ranks (one launch, not one per run)."""
     return {name: worker(rank, *args) for name, (worker, args) in RUNS.items()}
 
 
@@ -144,18 +146,15 @@ results = {name: [r[name] for r in per_rank] for name in RUNS}
 # --------------------
 # :func:`guide.comm.ddp_step`, :func:`~guide.comm.zero1_step` and :func:`~guide.comm.fsdp2_step`
 # list one step's collectives from the parameter shapes alone. FSDP2's groups are the units
-# ``fully_shard`` was applied to: each block, and the root (embeddings, final norm, head).
+# ``fully_shard`` was applied to (:func:`~guide.comm.fsdp2_groups`): the root (embeddings, final
+# norm, head), and each block.
 # Element counts follow ZeRO: the full buffer of each call (an all-gather's output, a
 # reduce-scatter's input, an all-reduce's tensor).
-blocks = [FSDPGroup.of(b.parameters()) for b in model.blocks]
-in_blocks = {id(p) for b in model.blocks for p in b.parameters()}
-root = FSDPGroup.of([p for p in model.parameters() if id(p) not in in_blocks])
 
 
 def fsdp2_model(reshard: bool, bf16: bool) -> list[comm.Collective]:
-    groups = [FSDPGroup(g.shapes, reshard) for g in (root, *blocks)]
-    return comm.fsdp2_step(groups, WORLD_SIZE, torch.bfloat16 if bf16 else torch.float32,
-                           torch.float32)
+    return comm.fsdp2_step(comm.fsdp2_groups(model, reshard), WORLD_SIZE,
+                           torch.bfloat16 if bf16 else torch.float32, torch.float32)
 
 
 MODELS = {
@@ -172,12 +171,12 @@ MODELS = {
 # ``wchar`` bytes per step against what gloo should send: the ring cost of each call, with gloo's
 # reduce-scatter priced as the full all-reduce gloo actually runs.
 table = {}
-for name, per_rank in results.items():
+for name, ranks in results.items():
     run = f"{name} x{WORLD_SIZE}"
-    records = per_rank[0][0]
+    records = ranks[0][0]
     gaps = comm.check_volume(run, records, MODELS[name], STEPS)
     gloo_model = sum(comm.gloo_bytes(c) for c in MODELS[name])
-    wires = [w for _, w in per_rank]
+    wires = [w for _, w in ranks]
     if None in wires:  # nccl under torchrun: GPU traffic writes no file descriptor, nothing to read
         wire = [math.nan]
     else:
@@ -300,8 +299,8 @@ print(f"\nCompute per step: 6 × Ψ × {TOKENS_PER_GPU:,} tokens per GPU at {FRA
       f"{PEAK / 1e12:,.0f} TFLOP/s = {compute:.2f} s.")
 nv, ib = seconds["FSDP2 reshard, bf16 AG + fp32 RS"]
 print(f"Inside a node FSDP2's traffic (bf16 gathers, fp32 reduce-scatter) needs at least "
-      f"{nv / compute:.0%} of the compute time; across 64 GPUs on InfiniBand at least "
-      f"{ib / compute:.0%}" + (
+      f"{nv / compute:.0%} of the compute time; across {LINKS[1].world_size} GPUs on InfiniBand "
+      f"at least {ib / compute:.0%}" + (
           ", so even perfect overlap leaves it communication-bound there: why large runs shard "
           "within a node (HSDP) or add tensor parallelism." if ib > compute else
           ", which perfect overlap could still hide behind compute."))
