@@ -62,8 +62,8 @@ from collections.abc import Sequence
 __all__ = [
     "GB", "GiB", "GPU_CAPACITY_GIB", "OPTIMIZERS", "PRECISIONS", "PRESETS", "STRATEGIES",
     "Architecture", "Precision", "StateBytes", "activation_bytes", "ddp_bucket_bytes", "main",
-    "per_rank_state_bytes", "state_bytes_by_rank", "state_bytes_for_count", "unsharded_param_bytes",
-    "zero1_partition",
+    "per_rank_state_bytes", "per_rank_total_bytes", "state_bytes_by_rank", "state_bytes_for_count",
+    "unsharded_param_bytes", "zero1_partition",
 ]
 
 GB = 10**9
@@ -98,6 +98,8 @@ _STEP_BYTES = {"sgd": 0, "sgd_momentum": 0, "adamw": 4}
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp2", "fsdp2_no_reshard")
 _FSDP = ("fsdp2", "fsdp2_no_reshard")
+#: The strategies that wrap the model in DDP and so keep its gradient buckets.
+_DDP_UNDERNEATH = ("ddp", "zero1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +171,13 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
+def _chunk_sizes(length: int, n: int) -> list[int]:
+    """How ``torch.chunk`` splits ``length`` rows over ``n`` ranks: ``ceil(length/n)`` each, the
+    remainder on the last rank that gets any, 0 for the ranks after it."""
+    chunk = math.ceil(length / n)
+    return [max(0, min(chunk, length - r * chunk)) for r in range(n)]
+
+
 def _rows(shape: tuple[int, ...]) -> tuple[int, int]:
     """(dim 0, elements per row); a 0-d tensor is one row of one element."""
     if not shape:
@@ -217,23 +226,19 @@ def state_bytes_by_rank(param_shapes: Sequence[Sequence[int]], strategy: str, wo
         return out
     if strategy == "zero2":
         # DeepSpeed-style flat, even partition of gradients and optimizer state.
-        chunk = math.ceil(total / n)
-        out = []
-        for r in range(n):
-            mine = max(0, min(chunk, total - r * chunk))
-            out.append(StateBytes(total * pr.param, mine * pr.grad,
-                                  mine * opt_per_elem + (len(shapes) * step if mine else 0)))
-        return out
+        return [StateBytes(total * pr.param, mine * pr.grad,
+                           mine * opt_per_elem + (len(shapes) * step if mine else 0))
+                for mine in _chunk_sizes(total, n)]
     # FSDP2: padded ceil(dim0/N) rows of storage for params and grads on every rank; the optimizer
     # state follows the unpadded local rows (torch.chunk: ceil-sized, the remainder on later ranks).
     padded = 0
     real = [0] * n
     for shape in shapes:
         dim0, row = _rows(shape)
-        chunk = math.ceil(dim0 / n)
-        padded += chunk * row
-        for r in range(n):
-            real[r] += max(0, min(chunk, dim0 - r * chunk)) * row
+        sizes = _chunk_sizes(dim0, n)
+        padded += sizes[0] * row
+        for r, rows in enumerate(sizes):
+            real[r] += rows * row
     return [StateBytes(padded * pr.param, padded * pr.grad, real[r] * opt_per_elem + len(shapes) * step)
             for r in range(n)]
 
@@ -265,6 +270,21 @@ def ddp_bucket_bytes(param_shapes: Sequence[Sequence[int]], precision: str = "fp
     shapes = _check_shapes(param_shapes)
     _check_choice("precision", precision, PRECISIONS)
     return sum(_numel(s) for s in shapes) * PRECISIONS[precision].grad
+
+
+def per_rank_total_bytes(param_shapes: Sequence[Sequence[int]], strategy: str, world_size: int,
+                         precision: str = "fp32", optimizer: str = "adamw") -> int:
+    """What the fullest rank holds between steps with DDP's defaults: :func:`per_rank_state_bytes`'
+    total plus, for the strategies with DDP underneath (``"ddp"``, ``"zero1"``), DDP's gradient
+    buckets (:func:`ddp_bucket_bytes`).
+
+    This is the number to compare with a rank's measured ``model_state.measure(...).total`` plus
+    ``model_state.ddp_bucket_bytes(model)``, or with a GPU's capacity.
+    """
+    total = per_rank_state_bytes(param_shapes, strategy, world_size, precision, optimizer).total
+    if strategy in _DDP_UNDERNEATH:
+        total += ddp_bucket_bytes(param_shapes, precision)
+    return total
 
 
 def unsharded_param_bytes(param_shapes: Sequence[Sequence[int]], world_size: int,
@@ -456,13 +476,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def memory_buckets(arch: Architecture | None, n_params: int, precision: str) -> int:
-    """DDP's bucket bytes for the calculator: from the shapes, or from the count alone."""
-    if arch is not None:
-        return ddp_bucket_bytes(arch.param_shapes(), precision)
-    return n_params * PRECISIONS[precision].grad
-
-
 def _architecture(args: argparse.Namespace) -> Architecture | None:
     if args.preset is not None:
         if args.preset not in PRESETS:
@@ -513,17 +526,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "not just --params.")
             act = activation_bytes(arch, args.seq_len, args.micro_batch,
                                    fused_attention=not args.unfused_attention)
+        shapes = None if arch is None else arch.param_shapes()
         rows = []
         for strategy in args.strategy:
             for n in args.world_size:
-                if arch is None:
+                if shapes is None:
                     sb = state_bytes_for_count(n_params, strategy, n, args.precision, args.optimizer)
                 else:
-                    sb = per_rank_state_bytes(arch.param_shapes(), strategy, n, args.precision,
-                                              args.optimizer)
+                    sb = per_rank_state_bytes(shapes, strategy, n, args.precision, args.optimizer)
                 buckets = 0
-                if strategy in ("ddp", "zero1") and not args.bucket_view:
-                    buckets = memory_buckets(arch, n_params, args.precision)
+                if strategy in _DDP_UNDERNEATH and not args.bucket_view:
+                    # one copy of every gradient: n_params x gradient bytes, shapes or not
+                    buckets = n_params * PRECISIONS[args.precision].grad
                 rows.append((strategy, n, sb, buckets, act))
     except ValueError as err:
         parser.exit(2, f"guide-memory: error: {err}\n")
