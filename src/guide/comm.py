@@ -61,6 +61,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from guide.checks import CheckFailed
+
 __all__ = [
     "KINDS",
     "KIND_COLORS",
@@ -586,8 +588,6 @@ def check_volume(run: str, measured: Sequence[Collective], expected: Sequence[Co
     :class:`guide.checks.CheckFailed` naming the run, kind and dtype; returns
     ``{(kind, dtype): (measured elements/step, model elements/step, relative gap)}``.
     """
-    from guide.checks import CheckFailed
-
     got, want = summarize(measured, steps), summarize(expected)
     if set(got) != set(want):
         raise CheckFailed(
@@ -614,8 +614,6 @@ def check_wire(run: str, wire_bytes_per_rank: Sequence[int | None], expected_per
     """Each rank's measured wire bytes per step must sit within ``tol`` of ``expected_per_rank``
     (e.g. the sum of :func:`gloo_bytes` over one step's model). Raises
     :class:`guide.checks.CheckFailed` naming the run and rank; returns the bytes per step per rank."""
-    from guide.checks import CheckFailed
-
     if any(w is None for w in wire_bytes_per_rank):
         raise CheckFailed(f"[comm wire] {run}: /proc/self/io is not readable here; no wire bytes.")
     per_step = [w / steps for w in wire_bytes_per_rank]
