@@ -145,19 +145,13 @@ def test_local_grad_norm_of_a_whole_model_is_clip_grad_norm():
 # -- in ranks: gloo's bf16 support, a shard's norm, a phased step ------------------------------------
 
 def _rank_worker(rank: guide.Rank) -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     from guide.data import rank_slice
     from guide.peak_memory import prepare
+    from guide.sharding import wrap
 
     prepare()
     support = precision.collective_support(torch.bfloat16)
-    model = build_model(TINY)
-    mesh = init_device_mesh("cpu", (rank.world_size,))
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = wrap(build_model(TINY), "FSDP2", rank)
     opt = make_optimizer("sgd", model.parameters())
     tokens = rank_slice(synthetic_batches(2, 4, 8, TINY.vocab)[0], rank.rank, rank.world_size)
     step = steps.measured_step(model, opt, tokens)
