@@ -95,14 +95,15 @@ def reshard_tradeoff(all_gathers: Mapping[str, Mapping[str, int]], kept_mib: Map
 
 def accumulation_tradeoff(reductions: Mapping[str, int], held_mib: Mapping[str, float], k: int,
                           world_size: int) -> plt.Figure:
-    """Two panels over the accumulation runs (names starting with ``DDP`` or ``FSDP2``): gradient
+    """Two panels over the accumulation runs (names starting with ``DDP`` or ``FSDP2``; a name
+    containing ``last``, a run that syncs on the last micro-batch only, is drawn solid): gradient
     reductions per optimizer step, and gradient memory held between micro-batches."""
     style()
     names = list(reductions)
     colors = [COLORS["DDP"] if n.startswith("DDP") else COLORS["FSDP2"] for n in names]
     alphas = [1.0 if "last" in n else 0.45 for n in names]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for ax, values, ylabel in ((ax1, [reductions[n] for n in names],
+    for ax, values, xlabel in ((ax1, [reductions[n] for n in names],
                                 "gradient reductions per optimizer step"),
                                (ax2, [held_mib[n] for n in names],
                                 "gradient MiB held between micro-batches")):
@@ -110,7 +111,7 @@ def accumulation_tradeoff(reductions: Mapping[str, int], held_mib: Mapping[str, 
             ax.barh(i, v, color=c, alpha=a)
             ax.text(v, i, f" {v:.3g}", va="center", fontsize=9)
         ax.set_yticks(range(len(names)), names if ax is ax1 else [""] * len(names))
-        ax.set_xlabel(ylabel)
+        ax.set_xlabel(xlabel)
         ax.invert_yaxis()
         ax.margins(x=0.2)
     fig.suptitle(f"Skipping the sync: {k}x fewer reductions; FSDP2 holds full gradients meanwhile "
