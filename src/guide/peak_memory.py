@@ -90,10 +90,11 @@ def is_prepared() -> bool:
 
 def current_bytes(device: Any = None) -> int:
     """This process's memory now: ``VmRSS`` on CPU, ``torch.cuda.memory_allocated`` on CUDA."""
-    if _resolve(device).type == "cuda":
+    dev = _resolve(device)
+    if dev.type == "cuda":
         import torch
 
-        return int(torch.cuda.memory_allocated(_resolve(device)))
+        return int(torch.cuda.memory_allocated(dev))
     return _status_bytes("VmRSS")
 
 
