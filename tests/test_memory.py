@@ -16,8 +16,11 @@ import torch
 from torch import nn
 
 import guide
-from guide import memory, model_state
+from guide import memory, model_state, sharding
+from guide.data import synthetic_batches
 from guide.memory import GB, GiB, Architecture, StateBytes, per_rank_state_bytes
+from guide.model import ModelConfig, build_model
+from guide.training import make_optimizer, train_steps
 
 # -- ZeRO's formulas and bytes per parameter ------------------------------------------------------
 
@@ -96,6 +99,13 @@ def test_unsharded_param_bytes_pads_to_n_chunks():
     assert memory.unsharded_param_bytes([(5, 3)], 4, compute_dtype_bytes=2) == 8 * 3 * 2
 
 
+def test_statebytes_is_frozen_and_adds():
+    a = StateBytes(1, 2, 3)
+    assert (a + a).total == 12
+    with pytest.raises(AttributeError):
+        a.params = 5  # type: ignore[misc]
+
+
 # -- architectures and presets ---------------------------------------------------------------------
 
 PUBLISHED = {  # parameter counts as the models' own releases report them
@@ -111,6 +121,16 @@ PUBLISHED = {  # parameter counts as the models' own releases report them
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_preset_parameter_counts(name):
     assert memory.PRESETS[name].n_params == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("name", sorted(memory.PRESETS))
+def test_fsdp_units_partition_the_parameters(name: str) -> None:
+    """Root + one unit per layer hold every parameter once, and every layer has the same shapes."""
+    arch = memory.PRESETS[name]
+    root, layers = arch.fsdp_units()
+    assert len(layers) == arch.layers and all(layer == layers[0] for layer in layers)
+    assert sorted(root + [s for layer in layers for s in layer]) == sorted(arch.param_shapes())
+    assert (arch.vocab, arch.hidden) in root
 
 
 def test_tied_embeddings_drop_the_head():
@@ -156,9 +176,14 @@ def test_cli_table(capsys):
                         "--precision", "bf16_mixed"]) == 0
     out = capsys.readouterr().out
     assert "70,553,706,496 parameters" in out
-    ddp = per_rank_state_bytes(memory.PRESETS["llama-3-70b"].param_shapes(), "ddp", 8,
-                               "bf16_mixed")
-    assert f"{ddp.total / GiB:.2f}" in out
+    shapes = memory.PRESETS["llama-3-70b"].param_shapes()
+    for strategy in ("ddp", "fsdp2"):  # each row: params, grads, optim, buckets, total (GiB)
+        state = per_rank_state_bytes(shapes, strategy, 8, "bf16_mixed")
+        buckets = memory.ddp_bucket_bytes(shapes, "bf16_mixed") if strategy == "ddp" else 0
+        total = memory.per_rank_total_bytes(shapes, strategy, 8, "bf16_mixed")
+        want = [f"{v / GiB:.2f}" for v in (state.params, state.grads, state.optimizer, buckets, total)]
+        row = re.search(rf"^{strategy} +8 (.*)$", out, re.MULTILINE)
+        assert row and row.group(1).split() == want, (strategy, want, out)
 
 
 def test_cli_activations_column(capsys):
@@ -217,45 +242,31 @@ def test_measure_rejects_non_modules():
 # -- measuring: real ranks -------------------------------------------------------------------------
 
 
+#: 127 and 17 rows do not split over 3 ranks: FSDP2 pads, ZeRO-1's partition is uneven.
+_CFG = ModelConfig(vocab=127, d_model=32, n_layers=1, n_heads=2, d_mlp=64, max_seq=17)
+
+
 def _ranks_worker(rank, strategies):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from guide.data import synthetic_batches
-    from guide.model import ModelConfig, build_model
-    from guide.training import train_steps
-
-    cfg = ModelConfig(vocab=127, d_model=32, n_layers=1, n_heads=2, d_mlp=64, max_seq=17)
-    batches = synthetic_batches(steps=1, batch_size=6, seq_len=8, vocab=cfg.vocab, seed=0)
+    batches = synthetic_batches(steps=1, batch_size=6, seq_len=8, vocab=_CFG.vocab, seed=0)
     out = {}
     for strategy in strategies:
-        model = build_model(cfg)
-        if strategy == "fsdp2":
-            mesh = init_device_mesh("cpu", (rank.world_size,))
-            for block in model.blocks:
-                fully_shard(block, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        else:
-            model = DDP(model)
-            opt = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
-                                           lr=1e-2) if strategy == "zero1"
-                   else torch.optim.AdamW(model.parameters(), lr=1e-2))
+        model = sharding.wrap(build_model(_CFG), "FSDP2" if strategy == "fsdp2" else "DDP", rank)
+        opt = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                       lr=1e-2) if strategy == "zero1"
+               else make_optimizer("adamw", model.parameters()))
         train_steps(model, opt, batches, rank.rank, rank.world_size)
         buckets = model_state.ddp_bucket_bytes(model) if strategy != "fsdp2" else 0
-        out[strategy] = (model_state.measure(model, opt), buckets)
+        out[strategy] = (model_state.measure(model, opt), buckets,
+                         model_state.total_bytes(model, opt))
         del model, opt
     return out
 
 
 @pytest.fixture(scope="module")
 def three_ranks():
-    from guide.model import ModelConfig, build_model
-
-    cfg = ModelConfig(vocab=127, d_model=32, n_layers=1, n_heads=2, d_mlp=64, max_seq=17)
-    shapes = model_state.param_shapes(build_model(cfg))
+    shapes = model_state.param_shapes(build_model(_CFG))
     return shapes, guide.launch(_ranks_worker, 3, ("ddp", "zero1", "fsdp2"))
 
 
@@ -267,6 +278,15 @@ def test_measured_equals_model_on_every_rank(three_ranks, strategy):
     assert got == want
     if strategy != "fsdp2":
         assert all(r[strategy][1] == memory.ddp_bucket_bytes(shapes) for r in results)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp2"])
+def test_total_with_buckets_measured_equals_model(three_ranks, strategy):
+    """model_state.total_bytes (state + DDP's buckets) on the fullest rank is
+    memory.per_rank_total_bytes, and adds the buckets exactly where DDP is underneath."""
+    shapes, results = three_ranks
+    assert max(r[strategy][2] for r in results) == memory.per_rank_total_bytes(shapes, strategy, 3)
+    assert all(r[strategy][2] == r[strategy][0].total + r[strategy][1] for r in results)
 
 
 def test_a_model_without_padding_would_be_caught(three_ranks):
@@ -282,13 +302,6 @@ def test_a_model_with_an_even_zero1_split_would_be_caught(three_ranks):
     measured = [r["zero1"][0].optimizer for r in results]
     ideal = memory.state_bytes_for_count(sum(math.prod(s) for s in shapes), "zero1", 3).optimizer
     assert len(set(measured)) > 1 and max(measured) != ideal
-
-
-def test_statebytes_is_frozen_and_adds():
-    a = StateBytes(1, 2, 3)
-    assert (a + a).total == 12
-    with pytest.raises(AttributeError):
-        a.params = 5  # type: ignore[misc]
 
 
 # -- the example's guard ---------------------------------------------------------------------------
@@ -318,13 +331,3 @@ def test_example_fails_when_fsdp2_root_is_not_sharded(tmp_path):
     assert run.returncode != 0, run.output[-2000:]
     assert re.search(r"CheckFailed: model-state bytes: FSDP2 at N=2, rank 0, fp32 adamw: params "
                      r"measured [\d,]+ B, model [\d,]+ B", run.output), run.output[-3000:]
-
-
-@pytest.mark.parametrize("name", sorted(memory.PRESETS))
-def test_fsdp_units_partition_the_parameters(name: str) -> None:
-    """Root + one unit per layer hold every parameter once, and every layer has the same shapes."""
-    arch = memory.PRESETS[name]
-    root, layers = arch.fsdp_units()
-    assert len(layers) == arch.layers and all(layer == layers[0] for layer in layers)
-    assert sorted(root + [s for layer in layers for s in layer]) == sorted(arch.param_shapes())
-    assert (arch.vocab, arch.hidden) in root

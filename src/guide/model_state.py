@@ -28,7 +28,8 @@ from torch import nn
 
 from guide.memory import StateBytes
 
-__all__ = ["ddp_bucket_bytes", "local_tensor", "measure", "param_shapes", "storage_bytes"]
+__all__ = ["ddp_bucket_bytes", "local_tensor", "measure", "param_shapes", "storage_bytes",
+           "total_bytes"]
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -93,8 +94,18 @@ def measure(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) ->
     params = list(model.parameters())
     p = storage_bytes(params, seen)
     g = storage_bytes((q.grad for q in params if q.grad is not None), seen)
-    o = 0 if optimizer is None else storage_bytes(_tensors(dict(_optimizer_state(optimizer))), seen)
+    o = 0 if optimizer is None else storage_bytes(_tensors(_optimizer_state(optimizer)), seen)
     return StateBytes(params=p, grads=g, optimizer=o)
+
+
+def total_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """:func:`measure`'s total plus, for a ``DistributedDataParallel`` model, its gradient buckets
+    (:func:`ddp_bucket_bytes`): the measured counterpart of
+    :func:`guide.memory.per_rank_total_bytes`. Same timing as :func:`measure`."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    buckets = ddp_bucket_bytes(model) if isinstance(model, DistributedDataParallel) else 0
+    return measure(model, optimizer).total + buckets
 
 
 def param_shapes(model: nn.Module) -> list[tuple[int, ...]]:
