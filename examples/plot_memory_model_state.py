@@ -248,8 +248,7 @@ for strategy in STRATEGIES:
         if m["buckets"]:
             ax.bar(x, m["buckets"] / 2**20, bottom=bottom, color="white", edgecolor=color,
                    hatch="///", width=0.8)
-        pred = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", "adamw").total
-        pred += memory.ddp_bucket_bytes(SHAPES) if strategy in ("ddp", "zero1") else 0
+        pred = memory.per_rank_total_bytes(SHAPES, strategy, n, "fp32", "adamw")
         ax.plot([x - 0.45, x + 0.45], [pred / 2**20] * 2, color="black", lw=2)
         ticks.append(x)
         ticklabels.append(f"N={n}")

@@ -19,10 +19,10 @@ fitted slopes of this build.
 # Each point builds the model in fresh ranks, trains one AdamW step and reports the rank's peak
 # resident memory during that step, measured from the rank's level *before* the model existed
 # (:class:`guide.peak_memory.PeakMemory`; ``prepare()`` makes freed memory leave the process), and
-# the model state it holds afterwards (:func:`guide.model_state.measure`). Fresh ranks per point,
-# because an FSDP2 model is not freed by ``del model; gc.collect()`` in torch 2.13 (its parameter
-# groups stay reachable), so a second model in the same process would be measured on top of the
-# first one's leftovers.
+# the model state it holds afterwards (:func:`guide.model_state.total_bytes`, with DDP's buckets).
+# Fresh ranks per point, because an FSDP2 model is not freed by ``del model; gc.collect()`` in
+# torch 2.13 (its parameter groups stay reachable), so a second model in the same process would be
+# measured on top of the first one's leftovers.
 import math
 
 import matplotlib.pyplot as plt
@@ -52,10 +52,8 @@ def depth_worker(rank: guide.Rank, strategy: str, n_layers: int) -> dict:
     opt = make_optimizer("adamw", model.parameters())
     with PeakMemory(rank.device) as peak:
         train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
-    state = model_state.measure(model, opt).total
-    if strategy == "DDP":
-        state += model_state.ddp_bucket_bytes(model)
-    return {"peak": peak.peak_level_bytes - start, "state": state}
+    return {"peak": peak.peak_level_bytes - start,
+            "state": model_state.total_bytes(model, opt)}  # + DDP's buckets
 
 
 points = {(s, n): [guide.launch(depth_worker, n, s, depth) for depth in DEPTHS] for s, n in RUNS}
@@ -68,20 +66,16 @@ state = {run: np.array([max(r["state"] for r in pt) for pt in pts]) / MiB
 # ------------------------------
 # One block's fp32 parameters are ``b`` bytes. Per block and per rank, DDP holds parameters,
 # gradients, two AdamW moments and its gradient bucket: 5 b. FSDP2 holds 1/N of the first four:
-# 4 b / N. :func:`guide.memory.per_rank_state_bytes` gives these to the byte, and the measured state
+# 4 b / N. :func:`guide.memory.per_rank_total_bytes` gives these to the byte, and the measured state
 # must equal them.
 shapes = {d: model_state.param_shapes(build_model(config(d))) for d in DEPTHS}
 block = sum(math.prod(s) for s in model_state.param_shapes(build_model(config(1)).blocks[0])) * 4
 
 
-def predicted_state(strategy: str, n: int, depth: int) -> int:
-    total = memory.per_rank_state_bytes(shapes[depth], strategy.lower(), n, "fp32", "adamw").total
-    return total + (memory.ddp_bucket_bytes(shapes[depth]) if strategy == "DDP" else 0)
-
-
 for (s, n), pts in points.items():
     for depth, pt in zip(DEPTHS, pts):
-        measured, expected = max(r["state"] for r in pt), predicted_state(s, n, depth)
+        measured = max(r["state"] for r in pt)
+        expected = memory.per_rank_total_bytes(shapes[depth], s.lower(), n, "fp32", "adamw")
         if measured != expected:
             raise checks.CheckFailed(
                 f"[model-state prediction] {s} x{n}, {depth} blocks: measured {measured:,} B, "
@@ -110,13 +104,14 @@ for run in RUNS:
     fits[run] = (slope, intercept, resid, state_slope)
 
 b = block / MiB
+paper = {(s, n): 5 * b if s == "DDP" else 4 * b / n for s, n in RUNS}  # model state, MiB/block
 ddp2, ddp4 = fits["DDP", 2][0], fits["DDP", 4][0]
 if not abs(ddp2 - ddp4) <= 0.1 * ddp2:
     raise checks.CheckFailed(f"[DDP independent of N] DDP's slope is {ddp2:.3f} MiB/block at N=2 "
                              f"but {ddp4:.3f} at N=4: every DDP rank holds the whole model.")
 for n in (2, 4):
     slope, _, _, state_slope = fits["FSDP2", n]
-    expected = 4 * b / n
+    expected = paper["FSDP2", n]
     extra = slope - expected
     if not 0.9 * expected <= state_slope <= 1.1 * expected:
         raise checks.CheckFailed(f"[FSDP2 state slope] FSDP2 x{n}: model state grows "
@@ -131,12 +126,11 @@ for n in (2, 4):
 print(f"{'run':<10}{'peak slope':>13}{'state slope':>13}{'4b/N or 5b':>12}{'intercept':>11}"
       f"{'max resid':>11}")
 for (s, n), (slope, intercept, resid, state_slope) in fits.items():
-    paper = 5 * b if s == "DDP" else 4 * b / n
-    print(f"{s + ' x' + str(n):<10}{slope:9.3f} MiB{state_slope:9.3f} MiB{paper:8.3f} MiB"
+    print(f"{s + ' x' + str(n):<10}{slope:9.3f} MiB{state_slope:9.3f} MiB{paper[s, n]:8.3f} MiB"
           f"{intercept:7.1f} MiB{resid:7.2f} MiB")
 f2, f4 = fits["FSDP2", 2][0], fits["FSDP2", 4][0]
-f2_rest, f4_rest = f2 - 4 * b / 2, f4 - 4 * b / 4
-ddp_rest = ddp2 - 5 * b
+f2_rest, f4_rest = f2 - paper["FSDP2", 2], f4 - paper["FSDP2", 4]
+ddp_rest = ddp2 - paper["DDP", 2]
 print(f"\nBeyond model state, each block adds {ddp_rest:.3f} MiB to DDP's peak and "
       f"{f2_rest:.3f} / {f4_rest:.3f} MiB to FSDP2's (N=2 / N=4).")
 print(f"The seed says FSDP2 should stay flat: it grows {f2:.3f} MiB per block at N=2 and "

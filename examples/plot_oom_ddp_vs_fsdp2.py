@@ -48,8 +48,9 @@ BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.voc
 HEADROOM = 4.0  # × P: room each rank may grow by above its own start
 
 SHAPES = model_state.param_shapes(build_model(CFG))
-P = sum(math.prod(s) for s in SHAPES) * 4
-print(f"model: {sum(math.prod(s) for s in SHAPES):,} parameters, P = {P / MiB:.1f} MiB in fp32")
+N_PARAMS = sum(math.prod(s) for s in SHAPES)
+P = N_PARAMS * 4
+print(f"model: {N_PARAMS:,} parameters, P = {P / MiB:.1f} MiB in fp32")
 
 
 def start_level(rank: guide.Rank) -> int:
@@ -68,9 +69,9 @@ print(f"a fresh rank starts with VmData = {START / MiB:.0f} MiB; budget per rank
 # The worker builds the model on every rank with the same seed, wraps it (``DDP(model)``, or
 # ``fully_shard`` on each block and then on the root) and trains ``STEPS`` AdamW steps. Around the
 # training it measures the rank's peak resident memory with :class:`guide.peak_memory.PeakMemory`
-# (``VmHWM`` after a reset; see the method below), and at the end it reads the model state it really
-# holds (:func:`guide.model_state.measure`). ``prepare()`` makes freed memory leave the process, so
-# that both the budget and the measurement track live tensors, not heap fragmentation.
+# (``VmHWM`` after a reset; see the method below), and at the end it reads the model state it
+# really holds (:func:`guide.model_state.total_bytes`). ``prepare()`` makes freed memory leave the
+# process, so that both the budget and the measurement track live tensors, not heap fragmentation.
 
 
 def train_worker(rank: guide.Rank, strategy: str) -> dict:
@@ -80,10 +81,8 @@ def train_worker(rank: guide.Rank, strategy: str) -> dict:
     opt = make_optimizer("adamw", model.parameters())
     with PeakMemory(rank.device) as peak:
         losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
-    state = model_state.measure(model, opt)
-    buckets = model_state.ddp_bucket_bytes(model) if strategy == "DDP" else 0
-    return {"losses": losses, "peak": peak.peak_level_bytes - start, "state": state.total,
-            "buckets": buckets}
+    return {"losses": losses, "peak": peak.peak_level_bytes - start,
+            "state": model_state.total_bytes(model, opt)}  # + DDP's buckets
 
 
 # %%
@@ -136,9 +135,9 @@ if not need > headroom:
 # %%
 # Predicted and measured, side by side
 # ------------------------------------
-# *Predicted state* is :func:`guide.memory.per_rank_state_bytes` from the parameter shapes (plus
-# DDP's gradient buckets, :func:`guide.memory.ddp_bucket_bytes`); *measured state* is what the rank
-# holds after training (:func:`guide.model_state.measure`, plus the buckets DDP reports); *measured
+# *Predicted state* is :func:`guide.memory.per_rank_total_bytes` from the parameter shapes (the
+# model state plus, for DDP, its gradient buckets); *measured state* is what the rank
+# holds after training (:func:`guide.model_state.total_bytes`, the buckets read from DDP); *measured
 # peak* is the highest resident memory during training above the rank's level before it built the
 # model. The prediction must equal the measurement to the byte; the peak adds what the formula does
 # not count: activations, the block FSDP2 gathers and reduces, AdamW's per-tensor temporaries.
@@ -146,10 +145,8 @@ rows = []
 runs_by_config = {("DDP", 2): ddp_free, ("FSDP2", 2): outcome["FSDP2", 2],
                   ("FSDP2", 4): outcome["FSDP2", 4]}
 for (strategy, n), runs in runs_by_config.items():
-    predicted = memory.per_rank_state_bytes(SHAPES, strategy.lower(), n, "fp32", "adamw").total
-    if strategy == "DDP":
-        predicted += memory.ddp_bucket_bytes(SHAPES)
-    measured = max(r["state"] + r["buckets"] for r in runs)
+    predicted = memory.per_rank_total_bytes(SHAPES, strategy.lower(), n, "fp32", "adamw")
+    measured = max(r["state"] for r in runs)
     if measured != predicted:
         raise checks.CheckFailed(
             f"[model-state prediction] {strategy} x{n}: measured {measured:,} B of parameters, "
