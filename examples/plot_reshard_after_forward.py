@@ -119,24 +119,17 @@ print("\nThe default (None) keeps the root's parameters unsharded after forward 
 # Every unit all-gathers once in forward. In backward a unit that resharded all-gathers again (over
 # all N ranks for ``True``, over a group of 2 for ``2``); one that kept its parameters does not.
 # For ``True``, ``False`` and the default, the expected list of calls, with their sizes, comes from
-# :func:`guide.comm.fsdp2_step`; the measured calls must equal it.
-blocks = [list(b.parameters()) for b in model.blocks]
-in_blocks = {id(p) for b in blocks for p in b}
-root_own = [p for p in model.parameters() if id(p) not in in_blocks]
-expected_groups = {
-    "True": [True] * len(blocks) + [True], "False": [False] * (len(blocks) + 1),
-    "None (default)": [True] * len(blocks) + [False],
-}
+# :func:`guide.comm.fsdp2_step` over the units :func:`guide.comm.fsdp2_groups` says the setting
+# makes; the measured calls must equal it.
+n_units = len(model.blocks) + 1  # each block, and the root
 counts, bwd_sizes = {}, {}
 for name, res in results.items():
     recs = [c for c in res[0]["collectives"] if c.kind == "all_gather"]
     counts[name] = {ph: sum(c.phase == ph for c in recs) for ph in ("forward", "backward")}
     bwd_sizes[name] = sorted({c.group_size for c in recs if c.phase == "backward"})
     run = f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}"
-    if name in expected_groups:
-        flags = expected_groups[name]
-        groups = [comm.FSDPGroup.of(b, f) for b, f in zip(blocks, flags)]
-        groups.append(comm.FSDPGroup.of(root_own, flags[-1]))
+    if type(SETTINGS[name]) is not int:  # True, False or None (an integer is handled below)
+        groups = comm.fsdp2_groups(model, SETTINGS[name])
         want = sorted((c.phase, c.numel) for c in comm.fsdp2_step(groups, WORLD_SIZE)
                       if c.kind == "all_gather")
         got = sorted((c.phase, c.numel) for c in recs)
@@ -146,7 +139,7 @@ for name, res in results.items():
     else:  # an integer: forward over all ranks, backward over groups of that size
         k = SETTINGS[name]
         fwd = sorted({c.group_size for c in recs if c.phase == "forward"})
-        if counts[name] != {"forward": len(blocks) + 1, "backward": len(blocks) + 1} or \
+        if counts[name] != {"forward": n_units, "backward": n_units} or \
                 fwd != [WORLD_SIZE] or bwd_sizes[name] != [k]:
             raise checks.CheckFailed(f"[all-gathers] {run}: {counts[name]}, group sizes forward "
                                      f"{fwd} backward {bwd_sizes[name]}; expected one per unit in "
@@ -184,20 +177,20 @@ for name in SETTINGS:
 # CPU cores running four ranks it is dominated by scheduling, so it is shown, not asserted.
 MiB = 2**20
 NOISE = MiB // 4  # resolution of "resident after forward" between two separate runs
-padded = {id(p): comm.fsdp2_padded_numel(p.shape, WORLD_SIZE) * 4 for p in model.parameters()}
-kept = {"True": {}, "False": {i: b for i, b in padded.items()},
-        "2": {i: b // 2 for i, b in padded.items()},
-        "None (default)": {id(p): padded[id(p)] for p in root_own}}
+padded = [comm.fsdp2_padded_numel(p.shape, WORLD_SIZE) * 4 for p in model.parameters()]  # bytes
+root = comm.fsdp2_groups(model)[0]  # the root unit comes first
+kept = {"True": [], "False": padded, "2": [b // 2 for b in padded],
+        "None (default)": [comm.fsdp2_padded_numel(s, WORLD_SIZE) * 4 for s in root.shapes]}
 held = {name: statistics.mean(r["memory"].held_after_forward_bytes for r in res)
         for name, res in results.items()}
 extra_mib, peak_mib, step_ms = {}, {}, {}
 print(f"{'setting':<16}{'kept after fwd':>16}{'expected':>10}{'allowed ±':>11}{'step peak':>11}"
       f"{'step time':>11}")
 for name, res in results.items():
-    extra, want = held[name] - held["True"], sum(kept[name].values())
+    extra, want = held[name] - held["True"], sum(kept[name])
     # Tensors under glibc's mmap threshold may reuse heap pages that were already resident:
     # they can go unseen (never double-counted), so they widen the tolerance.
-    small = sum(b for b in kept[name].values() if b < MMAP_THRESHOLD)
+    small = sum(b for b in kept[name] if b < MMAP_THRESHOLD)
     allowed = 0.1 * want + small + NOISE
     extra_mib[name] = extra / MiB
     peak_mib[name] = max(r["memory"].peak_bytes for r in res) / MiB
