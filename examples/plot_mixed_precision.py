@@ -60,9 +60,10 @@ print(f"\n{backend} ran every collective FSDP2 needs in bfloat16, with exact res
 # The worker: one policy per ``fully_shard`` call
 # -----------------------------------------------
 # Each block gets ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``. The root additionally gets
-# ``output_dtype=torch.float32``: the logits are cast back to fp32 before the loss, so the loss is an
-# fp32 number. Without it the loss itself would be a bf16 number, and bf16's spacing around a loss of
-# 5 is ``2**-5``: the page would be measuring the rounding of its own yardstick. (``output_dtype``
+# ``output_dtype=torch.float32``: the head's output leaves the model in fp32, so the loss is computed
+# from logits that were not rounded on the way out. Without it every logit would be rounded to bf16
+# (8 significant bits) before the loss, and the page would partly be measuring the rounding of its
+# own yardstick. (``output_dtype``
 # goes on the root only: on the blocks it would hand fp32 activations to the next block's bf16
 # LayerNorm, which CPU LayerNorm rejects.)
 #

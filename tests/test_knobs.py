@@ -103,13 +103,17 @@ def test_lost_update_fraction_counts_updates_bf16_cannot_hold():
 
 # -- steps --------------------------------------------------------------------------------------
 
-def test_next_token_loss_is_the_training_loss():
-    batch = synthetic_batches(1, 4, 8, TINY.vocab, seed=1)
-    a, b = build_model(TINY), build_model(TINY)
-    expected = train_steps(a, make_optimizer("sgd", a.parameters()), batch)[0]
-    assert steps.next_token_loss(b, batch[0]).item() == pytest.approx(expected, abs=1e-6)
+def test_next_token_loss_predicts_the_next_token():
+    """The objective, written out independently: position t predicts token t+1, averaged over every
+    position of every row. A shifted target or a sum instead of a mean would fail this."""
+    batch = synthetic_batches(1, 4, 8, TINY.vocab, seed=1)[0]
+    model = build_model(TINY)
+    logits = model(batch[:, :-1])
+    by_hand = sum(-torch.log_softmax(logits[r, t], -1)[batch[r, t + 1]]
+                  for r in range(4) for t in range(8)) / 32
+    assert steps.next_token_loss(model, batch).item() == pytest.approx(by_hand.item(), abs=1e-5)
     with pytest.raises(ValueError, match="batch, seq_len"):
-        steps.next_token_loss(b, batch[0, 0])
+        steps.next_token_loss(model, batch[0])
 
 
 def test_micro_batches_accumulate_to_the_big_batch_gradient():

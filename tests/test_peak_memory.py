@@ -59,7 +59,6 @@ def test_untouched_reservation_is_not_counted_but_data_segment_is():
 
 def test_without_prepare_refuses(monkeypatch):
     monkeypatch.setattr(peak_memory, "_prepared_pid", None)
-    monkeypatch.delenv("GUIDE_MEMORY_LIMIT_MIB", raising=False)
     assert not peak_memory.is_prepared()
     with pytest.raises(RuntimeError, match=r"prepare\(\)"):
         with PeakMemory("cpu"):
@@ -128,3 +127,14 @@ def test_rank_under_a_budget_measures_and_runs_out_of_memory_clearly():
     results = guide.launch(_rank_under_budget, 1, 0, memory_limit_mib=budget)
     assert results[0]["prepared"]
     assert abs(results[0]["peak"] - 8 * MiB) <= 1 * MiB
+
+
+def test_memory_limit_prepares_the_rank():
+    """launch(memory_limit_mib=...) lowers the mmap threshold itself: the ranks count as prepared."""
+    import guide
+
+    def worker(rank):
+        return peak_memory.is_prepared()
+
+    assert guide.launch(worker, 2, memory_limit_mib=4096) == [True, True]
+    assert guide.launch(worker, 2) == [False, False]

@@ -31,7 +31,7 @@ def gap_vs_bound(gaps: Mapping[str, Sequence[float]],
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("|loss − fp32 loss| (nats/token)")
-    ax.set_title("bf16 compute stays far inside one bf16 rounding of the loss")
+    ax.set_title("bf16 compute stays inside one bf16 rounding of the loss")
     ax.legend(loc="lower right", fontsize=9, ncols=2)
     smallest = min((g for gap in gaps.values() for g in gap if g > 0), default=FLOOR)
     ax.set_ylim(bottom=smallest / 3)

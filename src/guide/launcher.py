@@ -519,14 +519,13 @@ def _check_gloo_avg(rank: int, world_size: int) -> None:
 def _limit_memory(limit_mib: int) -> None:
     """Cap this rank's data segment and make big allocations use mmap, so that freed memory really
     returns to the system (the default heap fragments: both DDP and FSDP2 then fail a tight cap)."""
-    import ctypes
     import resource
 
-    m_mmap_threshold = -3
-    ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, 64 * 1024)
+    from guide.peak_memory import prepare
+
+    prepare()
     limit = limit_mib * 2**20
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    os.environ["GUIDE_MEMORY_LIMIT_MIB"] = str(limit_mib)
 
 
 def _teardown() -> None:

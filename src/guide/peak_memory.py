@@ -83,9 +83,9 @@ def prepare(mmap_threshold: int = MMAP_THRESHOLD) -> None:
 
 
 def is_prepared() -> bool:
-    """True if this process's mmap threshold was lowered, by :func:`prepare` or by
-    :func:`guide.launch` with ``memory_limit_mib`` (which sets ``GUIDE_MEMORY_LIMIT_MIB``)."""
-    return _prepared_pid == os.getpid() or "GUIDE_MEMORY_LIMIT_MIB" in os.environ
+    """True if this process's mmap threshold was lowered by :func:`prepare` (which
+    :func:`guide.launch` with ``memory_limit_mib`` calls in every rank)."""
+    return _prepared_pid == os.getpid()
 
 
 def current_bytes(device: Any = None) -> int:

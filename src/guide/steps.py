@@ -50,13 +50,12 @@ def local_grad_norm(model: nn.Module) -> float:
     would scale its shards by a different factor than its peers: the full gradient would no longer
     point where the unsharded one does.
     """
-    from torch.distributed.tensor import DTensor
+    from guide.model_state import local_tensor
 
     total = 0.0
     for p in model.parameters():
         if p.grad is not None:
-            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            total += float(g.detach().double().pow(2).sum())
+            total += float(local_tensor(p.grad).detach().double().pow(2).sum())
     return math.sqrt(total)
 
 
