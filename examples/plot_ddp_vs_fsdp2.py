@@ -32,10 +32,11 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, plotting
+from guide import checks, dtensor, plotting
 from guide.data import synthetic_batches
 from guide.model import ModelConfig, build_model
-from guide.training import full_state, make_optimizer, mean_over_ranks, reference_run, train_steps
+from guide.dtensor import full_state
+from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
 
 WORLD_SIZE = guide.world_size(2)  # 2 here; torchrun's WORLD_SIZE when run under torchrun
 STEPS = 20
@@ -72,7 +73,7 @@ def ddp_worker(rank: guide.Rank, optimizer: str) -> dict:
     opt = make_optimizer(optimizer, model.parameters())
     losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
     return {"initial": initial, "losses": losses, "params": full_state(model),
-            "layouts": checks.param_layouts(model, rank.rank)}
+            "layouts": dtensor.param_layouts(model, rank.rank)}
 
 
 # %%
@@ -95,7 +96,7 @@ def fsdp2_worker(rank: guide.Rank, optimizer: str) -> dict:
     opt = make_optimizer(optimizer, model.parameters())  # built on the sharded parameters
     losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
     return {"initial": initial, "losses": losses, "params": full_state(model),
-            "layouts": checks.param_layouts(model, rank.rank)}
+            "layouts": dtensor.param_layouts(model, rank.rank)}
 
 
 runs = {}

@@ -39,7 +39,8 @@ from guide.model import ModelConfig, build_model
 from guide.model_state import local_tensor
 from guide.peak_memory import MMAP_THRESHOLD, PeakMemory, prepare
 from guide.steps import micro_batches, next_token_loss
-from guide.training import full_state, make_optimizer, mean_over_ranks, reference_run
+from guide.dtensor import full_state
+from guide.training import make_optimizer, mean_over_ranks, reference_run
 
 WORLD_SIZE = guide.world_size(2)
 K, B, STEPS = 4, 8, 4

@@ -28,7 +28,8 @@ from guide import checks, knob_plots, sharding
 from guide.data import rank_slice, synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.steps import local_grad_norm, next_token_loss
-from guide.training import full_state, make_optimizer, mean_over_ranks
+from guide.dtensor import full_state
+from guide.training import make_optimizer, mean_over_ranks
 
 WORLD_SIZE = guide.world_size(2)
 STEPS = 20

@@ -34,7 +34,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, comm, knob_plots
+from guide import checks, comm, dtensor, knob_plots
 from guide.comm import CollectiveLog
 from guide.data import rank_slice, synthetic_batches
 from guide.model import ModelConfig, build_model
@@ -73,7 +73,7 @@ def worker(rank: guide.Rank, reshard_after_forward) -> dict:
     tokens = [rank_slice(b, rank.rank, rank.world_size).to(rank.device) for b in BATCHES]
 
     loss = next_token_loss(model, tokens[0])  # warm-up step, looking between forward and backward
-    between = checks.param_layouts(model, rank.rank)
+    between = dtensor.param_layouts(model, rank.rank)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import guide
-from guide import checks
+from guide import checks, dtensor
 from guide.data import rank_slice, synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.training import NonFiniteLoss, make_optimizer, mean_over_ranks, train_steps
@@ -18,7 +18,7 @@ from guide.training import NonFiniteLoss, make_optimizer, mean_over_ranks, train
 @pytest.mark.parametrize("ws", [1, 2, 3, 4, 8])
 def test_expected_shard_rows_follow_torch_chunk(dim0: int, ws: int) -> None:
     chunks = torch.arange(dim0).chunk(ws)
-    rows = [checks.expected_shard_rows(dim0, r, ws) for r in range(ws)]
+    rows = [dtensor.chunk_rows(dim0, r, ws) for r in range(ws)]
     assert rows == [len(c) for c in chunks] + [0] * (ws - len(chunks))
     assert sum(rows) == dim0
 
@@ -33,7 +33,7 @@ def _fsdp2_layouts(rank: guide.Rank, cfg: ModelConfig, shard: bool) -> list:
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    return checks.param_layouts(model, rank.rank)
+    return dtensor.param_layouts(model, rank.rank)
 
 
 UNEVEN = ModelConfig(vocab=127, d_model=48, n_layers=1, n_heads=4, d_mlp=100, max_seq=20)
@@ -55,15 +55,15 @@ def test_unsharded_model_fails_the_sharding_check_by_name() -> None:
 
 
 def test_wrong_shard_shape_is_named() -> None:
-    lay = checks.ParamLayout("w", 1, True, "(Shard(dim=0),)", (127, 4), (64, 4))
-    good = checks.ParamLayout("w", 0, True, "(Shard(dim=0),)", (127, 4), (64, 4))
+    lay = dtensor.ParamLayout("w", 1, True, "(Shard(dim=0),)", (127, 4), (64, 4))
+    good = dtensor.ParamLayout("w", 0, True, "(Shard(dim=0),)", (127, 4), (64, 4))
     with pytest.raises(checks.CheckFailed, match=r"w on rank 1 holds a local shard of shape "
                                                  r"\(64, 4\); .* gives \(63, 4\)"):
         checks.assert_sharded("x", [good, lay], 2)
 
 
 def test_replicated_placement_is_not_sharding() -> None:
-    lays = [checks.ParamLayout("w", r, True, "(Replicate(),)", (4, 4), (4, 4)) for r in (0, 1)]
+    lays = [dtensor.ParamLayout("w", r, True, "(Replicate(),)", (4, 4), (4, 4)) for r in (0, 1)]
     with pytest.raises(checks.CheckFailed, match=r"placements \(Replicate\(\),\), expected"):
         checks.assert_sharded("x", lays, 2)
 
@@ -127,18 +127,20 @@ def test_sharding_wrap_refuses_what_it_cannot_do() -> None:
     from guide import sharding
 
     rank = guide.Rank(0, 1, torch.device("cpu"), "gloo")
-    with pytest.raises(ValueError, match=r"unknown strategy 'ZeRO-4'; choose one of \('DDP', 'FSDP2'\)"):
+    with pytest.raises(ValueError, match=r"unknown strategy 'ZeRO-4'; choose one of \['ddp', "):
         sharding.wrap(build_model(), "ZeRO-4", rank)
+    with pytest.raises(ValueError, match="ZeRO-1 is modelled, not run"):
+        sharding.wrap(build_model(), sharding.Strategy.ZERO1, rank)
     with pytest.raises(ValueError, match="are FSDP2's; DDP takes none"):
         sharding.wrap(build_model(), "DDP", rank, reshard_after_forward=False)
-    with pytest.raises(ValueError, match="expects a model with .blocks"):
+    with pytest.raises(ValueError, match="expected a model with .blocks"):
         sharding.apply_fsdp2(torch.nn.Linear(2, 2), mesh=None)
 
 
 def _wrapped_layouts(rank: guide.Rank, strategy: str) -> list:
     from guide import sharding
 
-    return checks.param_layouts(sharding.wrap(build_model(UNEVEN), strategy, rank), rank.rank)
+    return dtensor.param_layouts(sharding.wrap(build_model(UNEVEN), strategy, rank), rank.rank)
 
 
 def test_sharding_wrap_applies_each_policy() -> None:

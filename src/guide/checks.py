@@ -20,15 +20,15 @@ hides that bug (its update is invariant to the gradient's scale), which is why b
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 
 import torch
 
-__all__ = ["CheckFailed", "LOSS_TOL", "PARAM_TOL", "ParamLayout", "assert_losses_match",
-           "assert_params_match", "assert_ranks_agree", "assert_replicated", "assert_same_init", "assert_sharded", "expected_shard_rows",
-           "max_abs_diff", "param_layouts"]
+from guide.dtensor import ParamLayout, chunk_rows
+
+__all__ = ["CheckFailed", "LOSS_TOL", "PARAM_TOL", "assert_losses_match", "assert_params_match",
+           "assert_ranks_agree", "assert_replicated", "assert_same_init", "assert_sharded",
+           "max_abs_diff"]
 
 LOSS_TOL = 1e-5
 PARAM_TOL = {"sgd": 1e-6, "adamw": 1e-3}
@@ -37,40 +37,6 @@ PARAM_TOL = {"sgd": 1e-6, "adamw": 1e-3}
 class CheckFailed(AssertionError):
     """A claim of the site did not hold. The message names the check."""
 
-
-@dataclasses.dataclass(frozen=True)
-class ParamLayout:
-    """How one parameter is stored on one rank."""
-
-    name: str
-    rank: int
-    is_dtensor: bool
-    placements: str
-    global_shape: tuple[int, ...]
-    local_shape: tuple[int, ...]
-
-
-def param_layouts(model: torch.nn.Module, rank: int) -> list[ParamLayout]:
-    """Read, on this rank, what each parameter is: DTensor or not, placements, global/local shape."""
-    from torch.distributed.tensor import DTensor
-
-    out = []
-    for name, p in model.named_parameters():
-        name = name.removeprefix("module.")
-        if isinstance(p, DTensor):
-            out.append(ParamLayout(name, rank, True, str(tuple(p.placements)), tuple(p.shape),
-                                   tuple(p.to_local().shape)))
-        else:
-            out.append(ParamLayout(name, rank, False, "-", tuple(p.shape), tuple(p.shape)))
-    return out
-
-
-def expected_shard_rows(dim0: int, rank: int, world_size: int) -> int:
-    """Rows of dim 0 that ``rank`` holds under FSDP2's ``Shard(0)``: ``torch.chunk`` semantics,
-    ceil-sized chunks with the remainder (possibly nothing) on the last ranks."""
-    chunk = math.ceil(dim0 / world_size)
-    start = min(rank * chunk, dim0)
-    return min(start + chunk, dim0) - start
 
 
 def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
@@ -167,7 +133,7 @@ def assert_sharded(run: str, layouts: Sequence[ParamLayout], world_size: int) ->
         if lay.placements != "(Shard(dim=0),)":
             raise CheckFailed(f"[sharding] {run}: {where} has placements {lay.placements}, "
                               "expected (Shard(dim=0),).")
-        rows = expected_shard_rows(lay.global_shape[0], lay.rank, world_size)
+        rows = chunk_rows(lay.global_shape[0], lay.rank, world_size)
         expected = (rows, *lay.global_shape[1:])
         if lay.local_shape != expected:
             raise CheckFailed(f"[sharding] {run}: {where} holds a local shard of shape "

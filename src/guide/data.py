@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rank_slice", "synthetic_batches"]
+from guide.validate import positive_int
+
+__all__ = ["micro_batches", "rank_slice", "synthetic_batches"]
 
 
 def synthetic_batches(steps: int, batch_size: int, seq_len: int, vocab: int,
@@ -20,8 +22,7 @@ def synthetic_batches(steps: int, batch_size: int, seq_len: int, vocab: int,
     """
     for name, value in (("steps", steps), ("batch_size", batch_size), ("seq_len", seq_len),
                         ("vocab", vocab)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        positive_int(name, value)
     gen = torch.Generator().manual_seed(seed)
     start = torch.randint(0, vocab, (steps, batch_size, 1), generator=gen)
     stride = torch.randint(1, 5, (steps, batch_size, 1), generator=gen)
@@ -44,3 +45,20 @@ def rank_slice(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
             f"use a batch size divisible by {world_size}.")
     per = b // world_size
     return batch[rank * per:(rank + 1) * per]
+
+
+def micro_batches(batches: torch.Tensor, k: int) -> torch.Tensor:
+    """Split each global batch of ``(steps, k * B, T+1)`` into ``k`` consecutive micro-batches:
+    ``(steps, k, B, T+1)``, micro-batch ``m`` holding rows ``[m*B, (m+1)*B)``.
+
+    Accumulating the gradients of the ``k`` micro-batches, each loss divided by ``k``, gives the
+    gradient of the mean loss over all ``k * B`` rows: the gradient of one step on the big batch.
+    """
+    positive_int("k", k, "micro-batches per step")
+    if batches.dim() != 3:
+        raise ValueError(f"batches must be (steps, batch, seq_len + 1), got shape "
+                         f"{tuple(batches.shape)}.")
+    if batches.shape[1] % k:
+        raise ValueError(f"a batch of {batches.shape[1]} sequences does not split into {k} equal "
+                         f"micro-batches; use a batch size divisible by {k}.")
+    return batches.unflatten(1, (k, batches.shape[1] // k))

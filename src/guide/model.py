@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from guide.validate import positive_int
+
 __all__ = ["Block", "ModelConfig", "TinyLM", "build_model"]
 
 
@@ -30,8 +32,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelConfig.{field.name} must be a positive integer, got {value!r}.")
+            positive_int(f"ModelConfig.{field.name}", value)
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"ModelConfig.d_model={self.d_model} must be divisible by n_heads={self.n_heads}.")

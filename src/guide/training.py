@@ -7,39 +7,64 @@ happens inside ``backward()`` (DDP's reducer hooks, FSDP2's pre/post-backward ho
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from guide.data import rank_slice
+from guide.dtensor import full_state
 from guide.model import ModelConfig, build_model
 
-__all__ = ["OPTIMIZERS", "NonFiniteLoss", "full_state", "make_optimizer", "mean_over_ranks",
+__all__ = ["OPTIMIZERS", "NonFiniteLoss", "Optimizer", "make_optimizer", "mean_over_ranks",
            "next_token_loss", "reference_run", "train_steps"]
 
-#: The optimizers the examples compare, with their learning rates. SGD is the sharp instrument
-#: (update = lr * grad: a 2x gradient is a 2x step); AdamW normalises the gradient scale away.
-OPTIMIZERS: dict[str, Callable[[Sequence[nn.Parameter]], torch.optim.Optimizer]] = {
-    "sgd": lambda params: torch.optim.SGD(params, lr=0.1),
-    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01),
-}
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """One optimizer of the site: how to build it, and what state it keeps per parameter.
+
+    ``moments`` counts the per-element state tensors (SGD 0, momentum 1, AdamW 2: ``exp_avg`` and
+    ``exp_avg_sq``); ``step_bytes`` is the per-parameter ``step`` counter AdamW keeps (a 0-d fp32
+    tensor). The memory model reads these; the training loop calls :attr:`factory`.
+    """
+
+    key: str
+    label: str
+    factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+    moments: int
+    step_bytes: int
+
+
+#: The optimizers the site knows, by key. SGD is the sharp instrument (update = lr * grad: a 2x
+#: gradient is a 2x step); AdamW normalises the gradient scale away.
+OPTIMIZERS: dict[str, Optimizer] = {o.key: o for o in (
+    Optimizer("sgd", "SGD", lambda params: torch.optim.SGD(params, lr=0.1), 0, 0),
+    Optimizer("sgd_momentum", "SGD + momentum",
+              lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), 1, 0),
+    Optimizer("adamw", "AdamW",
+              lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01), 2, 4),
+)}
 
 
 class NonFiniteLoss(FloatingPointError):
     """Training produced a NaN or infinite loss: the run is invalid and must not be reported."""
 
 
-def make_optimizer(name: str, params) -> torch.optim.Optimizer:
-    """The optimizer ``name`` (one of :data:`OPTIMIZERS`) over ``params``."""
+def make_optimizer(name: str, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer ``name`` (a key of :data:`OPTIMIZERS`) over ``params``.
+
+    Build it *after* ``fully_shard``: the optimizer must hold the sharded (DTensor) parameters.
+    """
     try:
-        factory = OPTIMIZERS[name]
+        spec = OPTIMIZERS[name]
     except KeyError:
         raise ValueError(
             f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}.") from None
-    return factory(list(params))
+    return spec.factory(list(params))
 
 
 def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -84,16 +109,6 @@ def mean_over_ranks(per_rank_losses: Sequence[Sequence[float]]) -> list[float]:
     return [math.fsum(step) / len(step) for step in zip(*per_rank_losses)]
 
 
-def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter as a full CPU tensor, by name. FSDP2's DTensors are gathered (a collective:
-    every rank must call this); DDP's ``module.`` prefix is dropped, so names match the reference."""
-    from torch.distributed.tensor import DTensor
-
-    state = {}
-    for name, p in model.named_parameters():
-        full = p.full_tensor() if isinstance(p, DTensor) else p
-        state[name.removeprefix("module.")] = full.detach().cpu().clone()
-    return state
 
 
 def reference_run(cfg: ModelConfig, optimizer: str, batches: torch.Tensor,
