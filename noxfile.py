@@ -1,28 +1,54 @@
 """Sessions: ``docs`` builds the site with every example executed (the test of the whole site);
-``tests`` runs pytest. Both install from ``constraints.txt`` (torch pinned to the CPU 2.13.0 wheel)."""
+``tests`` runs pytest; ``browser`` and ``downloads`` check the built site; ``compat`` runs the tests
+and the examples on the lowest and the newest torch the project claims; ``mutation`` checks that the
+checks bite.
+
+Every session runs on the interpreter that runs nox (any supported Python, see
+:data:`SUPPORTED_PYTHONS`), never on a hard-coded one: a pinned interpreter that is missing makes nox
+*skip* the session and exit 0, a pass for a build that never happened. ``--force-python X`` with a
+missing ``X`` is an error (``error_on_missing_interpreters``), and so is an unsupported Python.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
 nox.options.sessions = ["tests", "docs"]
 
-PYTHON = "3.11"
+#: The Pythons the project supports and CI or the closing notes have run. The docs and test
+#: toolchain pinned in constraints.txt (Sphinx 9, NumPy 2.4, IPython 9) needs 3.11 or newer.
+SUPPORTED_PYTHONS = ("3.11", "3.12", "3.13")
+#: The torch releases the ``compat`` session runs: the floor pyproject.toml claims, and the newest
+#: the package index serves on these machines.
+COMPAT_TORCH = ("2.9.0", "2.14.1")
 CONSTRAINTS = ("-c", "constraints.txt")
 # One intra-op thread per rank is set by the launcher; this keeps the parent (and any fork of it)
 # from spinning up an OpenMP pool that competes with the ranks for two cores.
 ENV = {"OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
 
 
+def _require_supported_python(session: nox.Session) -> None:
+    """Fail (never skip) on a Python the project does not support."""
+    version = session.run("python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])",
+                          silent=True, external=True)
+    version = (version or "").strip()
+    if version not in SUPPORTED_PYTHONS:
+        session.error(f"Python {version} is not supported; use one of {', '.join(SUPPORTED_PYTHONS)} "
+                      f"(e.g. `pipx run --python python3.12 nox -s {session.name}`).")
+
+
 def _install(session: nox.Session, extras: str) -> None:
+    _require_supported_python(session)
     session.install(*CONSTRAINTS, "-e", f".[{extras}]")
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def docs(session: nox.Session) -> None:
     """Build the HTML site into docs/_build/html, running every example; warnings are errors."""
     _install(session, "docs")
@@ -31,25 +57,26 @@ def docs(session: nox.Session) -> None:
     session.log(f"open file://{os.path.abspath('docs/_build/html/index.html')}")
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (launcher, checks with injected faults, models, docs plumbing)."""
     _install(session, "docs,test")
     session.run("pytest", *session.posargs, env=ENV)
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def browser(session: nox.Session) -> None:
     """Check the built site in headless Chromium (Debian's /usr/bin/chromium, via Playwright): every
     page loads without console errors, images load, internal links and anchors resolve, search finds
-    fully_shard, figures fit a phone screen. Screenshots go to docs/_build/screenshots. Run
-    ``nox -s docs`` first; ``apt-get install -y chromium`` provides the browser."""
+    fully_shard, figures fit a phone screen, code fits the column. Screenshots go to
+    docs/_build/screenshots. Run ``nox -s docs`` first; ``apt-get install -y chromium`` provides the
+    browser."""
     _install(session, "docs,test,browser")
     session.run("pytest", "tests/test_site.py", "-k", "browser", *session.posargs,
                 env={**ENV, "GUIDE_SITE_TESTS": "browser"})
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def downloads(session: nox.Session) -> None:
     """Run each example's downloaded .py and .ipynb (from docs/_build/html/_downloads) in a fresh
     virtual environment holding only this package, and check the zips hold every example. Run
@@ -58,3 +85,43 @@ def downloads(session: nox.Session) -> None:
     _install(session, "test")
     session.run("pytest", "tests/test_site.py", "-k", "download", *session.posargs,
                 env={**ENV, "GUIDE_SITE_TESTS": "downloads"})
+
+
+def _constraints_without_torch(session: nox.Session) -> str:
+    """constraints.txt minus its torch pin, so that a session can install another torch."""
+    out = Path(session.create_tmp()) / "constraints-no-torch.txt"
+    lines = Path("constraints.txt").read_text().splitlines()
+    out.write_text("\n".join(line for line in lines if not line.startswith("torch==")) + "\n")
+    return str(out)
+
+
+@nox.session
+@nox.parametrize("torch", COMPAT_TORCH)
+def compat(session: nox.Session, torch: str) -> None:
+    """The test suite and the examples (as scripts) on another torch, in its own venv.
+
+    These are CUDA wheels (several GB); they run on the CPU. The whole test suite runs;
+    ``GUIDE_COMPAT=main`` runs only the main example after it (what CI runs), by default every
+    example runs.
+    """
+    _require_supported_python(session)
+    session.install("-c", _constraints_without_torch(session), f"torch=={torch}", "-e", ".[test]")
+    session.run("python", "-c", "import torch, sys; print(f'compat: python {sys.version.split()[0]}"
+                f" torch {{torch.__version__}}')")
+    quick = os.environ.get("GUIDE_COMPAT") == "main"
+    session.run("pytest", "-q", *session.posargs, env=ENV)
+    examples = (["examples/plot_ddp_vs_fsdp2.py"] if quick
+                else sorted(str(p) for p in Path("examples").glob("plot_*.py")))
+    for example in examples:
+        session.run("python", example, env=ENV)
+    session.log(f"compat: torch {torch}: tests and {len(examples)} example(s) passed")
+
+
+@nox.session
+def mutation(session: nox.Session) -> None:
+    """Mutation testing (mutmut) of the checks and the launcher's failure paths: each mutant is a
+    one-line bug injected into guide; a surviving mutant is a check nobody tests. Slow (see
+    README); not part of CI."""
+    _install(session, "docs,test")
+    session.install(*CONSTRAINTS, "mutmut")
+    session.run("python", "benchmarks/mutation.py", *session.posargs, env=ENV)

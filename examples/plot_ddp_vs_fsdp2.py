@@ -32,11 +32,12 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, dtensor, plotting
+from guide import checks, dtensor, plotting, report
 from guide.data import synthetic_batches
-from guide.model import ModelConfig, build_model
 from guide.dtensor import full_state
-from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
+from guide.model import ModelConfig, build_model
+from guide.sharding import Strategy
+from guide.training import OPTIMIZERS, make_optimizer, mean_over_ranks, reference_run, train_steps
 
 WORLD_SIZE = guide.world_size(2)  # 2 here; torchrun's WORLD_SIZE when run under torchrun
 STEPS = 20
@@ -56,8 +57,14 @@ print(f"\n{n_params:,} parameters ({n_params * 4 / 2**20:.2f} MiB in fp32); "
 # :func:`guide.training.train_steps` is the plain loop ``zero_grad(); loss = f(model(x));
 # loss.backward(); optimizer.step()`` over this rank's slice of each global batch. Neither DDP nor
 # FSDP2 changes a line of it: their communication is hooked into ``backward()`` (and, for FSDP2,
-# into ``forward()``). The reference is that loop in one process on the full batch.
+# into ``forward()``). The reference is that loop in one process on the full batch. It must learn
+# (:func:`guide.checks.assert_learns`, inside ``reference_run``): runs that match a reference that
+# does not learn would prove nothing.
 REFERENCE = {opt: reference_run(CFG, opt, BATCHES) for opt in ("sgd", "adamw")}
+print(report.table([[OPTIMIZERS[opt].label, losses[0], losses[-1]]
+                    for opt, (losses, _) in REFERENCE.items()],
+                   ["reference", "loss at step 0", f"loss at step {STEPS - 1}"],
+                   formats={"loss at step 0": ".4f", f"loss at step {STEPS - 1}": ".4f"}))
 
 # %%
 # The DDP worker
@@ -99,10 +106,11 @@ def fsdp2_worker(rank: guide.Rank, optimizer: str) -> dict:
             "layouts": dtensor.param_layouts(model, rank.rank)}
 
 
+DDP_, FSDP2_ = Strategy.DDP, Strategy.FSDP2  # the site's names (label, colour) for the two runs
 runs = {}
 for opt in ("sgd", "adamw"):
-    runs["DDP", opt] = guide.launch(ddp_worker, WORLD_SIZE, opt)
-    runs["FSDP2", opt] = guide.launch(fsdp2_worker, WORLD_SIZE, opt)
+    runs[DDP_, opt] = guide.launch(ddp_worker, WORLD_SIZE, opt)
+    runs[FSDP2_, opt] = guide.launch(fsdp2_worker, WORLD_SIZE, opt)
 
 # %%
 # The checks that fail the build
@@ -118,11 +126,11 @@ for opt in ("sgd", "adamw"):
 # AdamW, whose update ignores the gradient's scale, would hide it, so both run.
 full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
 initial = full_state(model)
-gaps = {}
+rows = []
 for (strategy, opt), results in runs.items():
-    run = f"{strategy} x{WORLD_SIZE}, {opt}"
+    run = f"{strategy.label} x{WORLD_SIZE}, {opt}"
     layouts = [lay for r in results for lay in r["layouts"]]
-    if strategy == "FSDP2":
+    if strategy is FSDP2_:
         checks.assert_sharded(run, layouts, WORLD_SIZE)
     else:
         checks.assert_replicated(run, layouts, full_shapes)
@@ -130,15 +138,13 @@ for (strategy, opt), results in runs.items():
     checks.assert_ranks_agree(run, [r["params"] for r in results])
     ref_losses, ref_params = REFERENCE[opt]
     losses = mean_over_ranks([r["losses"] for r in results])
-    gaps[run] = (checks.assert_losses_match(run, ref_losses, losses),
+    rows.append([run, checks.assert_losses_match(run, ref_losses, losses), checks.LOSS_TOL,
                  checks.assert_params_match(run, ref_params, results[0]["params"],
-                                            checks.PARAM_TOL[opt]))
+                                            checks.PARAM_TOL[opt]), checks.PARAM_TOL[opt]])
 
-print(f"{'run':<18} {'max |Δloss|':>12} {'tol':>7} {'max |Δparam|':>13} {'tol':>7}")
-for run, (dloss, dparam) in gaps.items():
-    opt = run.rsplit(" ", 1)[1]
-    print(f"{run:<18} {dloss:12.1e} {checks.LOSS_TOL:7.0e} {dparam:13.1e} "
-          f"{checks.PARAM_TOL[opt]:7.0e}")
+print(report.table(rows, ["run", "max |Δloss|", "loss tol", "max |Δparam|", "param tol"],
+                   formats={c: ".1e" for c in ("max |Δloss|", "loss tol", "max |Δparam|",
+                                               "param tol")}))
 print("\nAll checks passed: DDP and FSDP2 reproduce the single-process run step for step.")
 
 # %%
@@ -147,11 +153,32 @@ print("\nAll checks passed: DDP and FSDP2 reproduce the single-process run step 
 # The loss curves lie on top of each other; the lower panels show how far apart they are, on a log
 # scale, under the dashed tolerance the build asserts. Points at the floor are bitwise equal to the
 # reference.
-fig = plotting.loss_comparison(
+
+
+def loss_comparison(reference: dict, runs: dict, tol: float) -> plt.Figure:
+    """Top: loss per step, one column per optimizer. Bottom: |loss - reference| on a log axis."""
+    plotting.style()
+    fig, axes = plt.subplots(2, len(reference), figsize=(10.4, 6.4), sharex=True, squeeze=False,
+                             height_ratios=[3, 2])
+    for (top, bottom), (opt, ref) in zip(axes.T, reference.items()):
+        top.plot(ref, color=plotting.REFERENCE_COLOR, lw=4, alpha=0.35, label="1 process, full batch")
+        for k, (strategy, losses) in enumerate(runs[opt].items()):
+            top.plot(losses, color=strategy.color, lw=1.6, ls=("-", "--")[k],
+                     label=f"{strategy.label}, {WORLD_SIZE} ranks")
+            plotting.gap_axis(bottom, [abs(a - b) for a, b in zip(losses, ref)],
+                              color=strategy.color, marker="os"[k], label=strategy.label)
+        plotting.tolerance_line(bottom, tol)
+        top.set(title=OPTIMIZERS[opt].label, ylabel="training loss (nats/token)")
+        top.legend(loc="upper right")
+        bottom.set(ylabel="|loss − reference| (nats)", xlabel="training step")
+        bottom.legend(loc="upper left", ncols=2)
+    return fig
+
+
+fig = loss_comparison(
     {opt: REFERENCE[opt][0] for opt in ("sgd", "adamw")},
-    {opt: {s: mean_over_ranks([r["losses"] for r in runs[s, opt]]) for s in ("DDP", "FSDP2")}
+    {opt: {s: mean_over_ranks([r["losses"] for r in runs[s, opt]]) for s in (DDP_, FSDP2_)}
      for opt in ("sgd", "adamw")},
-    world_size=WORLD_SIZE,
     tol=checks.LOSS_TOL,
 )
 plt.show()
@@ -161,24 +188,21 @@ plt.show()
 # --------------------
 # The same parameters, as each rank stores them after training. DDP keeps the full tensor on every
 # rank; FSDP2 keeps a ``DTensor`` whose local shard is one chunk of dim 0 (``torch.chunk``
-# semantics: ceil-sized, the remainder on the last rank). One rank's shards add up to 1/N of the
+# semantics: ceil-sized chunks in rank order, so the last ranks get what is left, possibly
+# nothing). One rank's shards add up to 1/N of the
 # model, which is where FSDP2's memory saving comes from.
 shown = ["tok_emb.weight", "blocks.0.qkv.weight", "blocks.0.fc2.weight", "blocks.0.ln1.bias",
          "head.weight"]
-layout = {(s, lay.name, lay.rank): lay for s in ("DDP", "FSDP2")
+layout = {(s, lay.name, lay.rank): lay for s in (DDP_, FSDP2_)
           for r in runs[s, "adamw"] for lay in r["layouts"]}
-header = f"{'parameter':<22}{'global':>12}" + "".join(
-    f"{f'DDP r{r}':>12}" for r in range(WORLD_SIZE)) + "".join(
-    f"{f'FSDP2 r{r}':>12}" for r in range(WORLD_SIZE))
-print(header)
-for name in shown:
-    row = f"{name:<22}{str(full_shapes[name]):>12}"
-    for s in ("DDP", "FSDP2"):
-        row += "".join(f"{str(layout[s, name, r].local_shape):>12}" for r in range(WORLD_SIZE))
-    print(row)
-local = {r: sum(torch.Size(lay.local_shape).numel() for (s, _, rr), lay in layout.items()
-                if s == "FSDP2" and rr == r) for r in range(WORLD_SIZE)}
-print("\nFSDP2 parameters held per rank: " + ", ".join(
-    f"rank {r}: {n:,} ({n / n_params:.1%})" for r, n in local.items()) +
-    f"; DDP: {n_params:,} (100%) on every rank")
-print(f"placements: {layout['FSDP2', 'blocks.0.qkv.weight', 0].placements}")
+ranks = range(WORLD_SIZE)
+print(report.table(
+    [[name, full_shapes[name], *(layout[s, name, r].local_shape for s in (DDP_, FSDP2_) for r in ranks)]
+     for name in shown],
+    ["parameter", "global", *(f"{s.label} r{r}" for s in (DDP_, FSDP2_) for r in ranks)]))
+held = {r: sum(torch.Size(lay.local_shape).numel() for (s, _, rr), lay in layout.items()
+               if s is FSDP2_ and rr == r) for r in ranks}
+print(report.table([[f"rank {r}", n_params, n, n / n_params] for r, n in held.items()],
+                   ["FSDP2", "parameters (DDP: every rank)", "held", "share"],
+                   formats={"share": ".1%"}))
+print(f"placements: {layout[FSDP2_, 'blocks.0.qkv.weight', 0].placements}")

@@ -1,5 +1,7 @@
 """One figure style for the site: readable at thumbnail size, labelled axes with units, one message
-per chart. Examples call the chart functions here so that no two pages draw the same thing twice."""
+per chart. Figures live in their pages; what several pages draw the same way lives here: the style,
+the reference run's colour (strategies have theirs: :attr:`guide.sharding.Strategy.color`) and the
+log-scale "gap to the reference" axis with its tolerance line."""
 
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.b
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-__all__ = ["COLORS", "STYLE", "loss_comparison", "style"]
+__all__ = ["FLOOR", "REFERENCE_COLOR", "STYLE", "gap_axis", "style", "tolerance_line"]
 
-#: One colour per run kind, used on every page.
-COLORS = {"reference": "#222222", "DDP": "#1f77b4", "FSDP2": "#d62728", "ZeRO-1": "#2ca02c"}
+#: The single-process reference run, on every page (strategies: ``Strategy.color``).
+REFERENCE_COLOR = "#222222"
+#: Deprecated: label-keyed colours, kept until the last page moves to ``Strategy.color``.
+COLORS = {"reference": REFERENCE_COLOR, "DDP": "#1f77b4", "FSDP2": "#d62728", "ZeRO-1": "#2ca02c"}
 
 STYLE = {
     "figure.dpi": 110,
@@ -42,6 +46,28 @@ FLOOR = 1e-10
 def style() -> None:
     """Apply the site's matplotlib style (called by every chart function)."""
     plt.rcParams.update(STYLE)
+
+
+def gap_axis(ax: plt.Axes, gaps: Sequence[float], color: str, marker: str = "o",
+             label: str | None = None) -> None:
+    """Draw ``gaps`` (|run - reference| per step) on a log axis; exact zeros sit on :data:`FLOOR`,
+    marked "bitwise equal"."""
+    ax.plot(range(len(gaps)), [max(g, FLOOR) for g in gaps], marker=marker, color=color, ms=4,
+            lw=1, alpha=0.8, label=label)
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    ax.set_ylim(FLOOR / 3, max(high, 1e-4))
+    if not any(t.get_text() == "bitwise equal" for t in ax.texts):
+        ax.axhline(FLOOR, color="grey", lw=0.8, ls=":")
+        ax.text(0, FLOOR * 1.6, "bitwise equal", color="grey", fontsize=9)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
+def tolerance_line(ax: plt.Axes, tol: float, text: str = "tolerance (build fails above)") -> None:
+    """The tolerance the build asserts, as a dashed line on a gap axis."""
+    ax.axhline(tol, color="black", lw=1, ls="--")
+    ax.set_ylim(top=max(ax.get_ylim()[1], 10 * tol))
+    ax.text(ax.get_xlim()[1], tol * 1.5, text, ha="right", fontsize=9)
 
 
 def loss_comparison(reference: Mapping[str, Sequence[float]],

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from guide.checks import assert_learns
 from guide.data import rank_slice
 from guide.dtensor import full_state
 from guide.model import ModelConfig, build_model
@@ -114,7 +115,10 @@ def mean_over_ranks(per_rank_losses: Sequence[Sequence[float]]) -> list[float]:
 def reference_run(cfg: ModelConfig, optimizer: str, batches: torch.Tensor,
                   seed: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
     """One process, the full global batch: the losses and final parameters a correct DDP or FSDP2
-    run must reproduce."""
+    run must reproduce. Raises :class:`guide.checks.CheckFailed` if its loss does not fall
+    (:func:`guide.checks.assert_learns`): a run that matches a reference that does not learn proves
+    nothing."""
     model = build_model(cfg, seed)
     losses = train_steps(model, make_optimizer(optimizer, model.parameters()), batches)
+    assert_learns(f"single-process reference, {optimizer}", losses)
     return losses, full_state(model)
