@@ -35,7 +35,7 @@ ENV = {"OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
 
 def _require_supported_python(session: nox.Session) -> None:
     """Fail (never skip) on a Python the project does not support."""
-    version = session.run("python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])",
+    version = session.run_always("python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])",
                           silent=True, external=True)
     version = (version or "").strip()
     if version not in SUPPORTED_PYTHONS:

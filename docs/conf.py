@@ -11,9 +11,12 @@ import os
 import shutil
 from pathlib import Path
 
+import sys
+
 import guide
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))  # gallery_order (the story order of the examples)
 
 project = "DDP vs FSDP2, measured"
 author = "The guide authors"
@@ -38,6 +41,8 @@ sphinx_gallery_conf = {
     "examples_dirs": "../examples",
     "gallery_dirs": "auto_examples",
     "filename_pattern": r"/plot_",
+    # The order of the story, not of file names: the page the site is named after comes first.
+    "within_subsection_order": "gallery_order.StoryOrder",
     "ignore_pattern": r"__init__\.py|/_",
     "image_scrapers": ("matplotlib",),
     "reset_modules": ("matplotlib",),
