@@ -11,12 +11,9 @@ import os
 import shutil
 from pathlib import Path
 
-from sphinx.errors import ExtensionError
-
 import sys
 
 import guide
-from guide import claims
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # gallery_order (the story order of the examples)
@@ -34,6 +31,7 @@ extensions = [
     "sphinx.ext.viewcode",
     "sphinx_gallery.gen_gallery",
     "sphinx_copybutton",
+    "ledger_ext",
 ]
 
 # sphinx-gallery writes a .ipynb next to each generated page; without this exclusion Sphinx finds two
@@ -157,46 +155,8 @@ for _stale in (HERE / "sg_execution_times.rst", HERE / "auto_examples" / "sg_exe
     _stale.unlink(missing_ok=True)
 
 
-# The ledger of claims (guide.claims): every page records the numbers it states into one directory;
-# pages/ledger is read last and lists them; the build fails if two records of one claim disagree.
-LEDGER_DIR = HERE / "_build" / "ledger"
-os.environ[claims.LEDGER_ENV] = str(LEDGER_DIR)  # gallery scripts and notebook kernels inherit it
-LEDGER_PAGE = "pages/ledger"
-
-
-def _drop_records_of_removed_pages() -> None:
-    """A page that no longer exists must not keep its old claims in the ledger."""
-    for path in LEDGER_DIR.glob("*.jsonl"):
-        page = path.stem.replace("__", "/")
-        if not ((HERE.parent / "examples" / f"{page}.py").exists() or (HERE / f"{page}.md").exists()):
-            path.unlink()
-
-
-def _ledger_last(app, env, docnames) -> None:
-    """Read the ledger page after every page that records claims."""
-    if LEDGER_PAGE in docnames:
-        docnames.remove(LEDGER_PAGE)
-        docnames.append(LEDGER_PAGE)
-
-
-def _ledger_always_outdated(app, env, added, changed, removed):
-    """The ledger page's source never changes, its content does: re-read it on every build."""
-    return [LEDGER_PAGE] if LEDGER_PAGE in env.found_docs else []
-
-
-def _check_ledger(app, exception) -> None:
-    """Fail the build if two pages state one claim differently (names both pages)."""
-    if exception is None:
-        try:
-            claims.raise_on_contradictions(claims.load(LEDGER_DIR))
-        except AssertionError as err:
-            raise ExtensionError(str(err)) from None
-
-
-_drop_records_of_removed_pages()
-
-
-def setup(app):
-    app.connect("env-before-read-docs", _ledger_last)
-    app.connect("env-get-outdated", _ledger_always_outdated)
-    app.connect("build-finished", _check_ledger)
+# The ledger of claims (guide.claims, checked by the ledger_ext extension in this directory): every
+# page records the numbers it states; pages/ledger is read last and lists them; the build fails if
+# two records of one claim disagree.
+ledger_dir = str(HERE / "_build" / "ledger")
+ledger_page = "pages/ledger"

@@ -31,6 +31,7 @@ __all__ = ["Claim", "Contradiction", "Ledger", "LEDGER_ENV", "by_name", "contrad
 #: The environment variable naming the directory the build's ledger is written to.
 LEDGER_ENV = "GUIDE_LEDGER_DIR"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.\-/]*$")
+_PAGE = re.compile(r"^[a-z0-9][a-z0-9_\-/]*$")
 _GUARD = re.compile(r"^(asserted: .+|computed|cited: .+)$")
 #: Two float values of one claim agree if they are equal to this relative precision (they are
 #: printed to at most 4 significant digits; a real disagreement is far larger).
@@ -90,7 +91,7 @@ class Ledger:
     """
 
     def __init__(self, page: str) -> None:
-        if not _NAME.match(page):
+        if not _PAGE.match(page):
             raise ValueError(f"page {page!r}: use the page's file name without extension, e.g. "
                              "'plot_ddp_vs_fsdp2' or 'pages/memory_calculator'.")
         self.page = page
