@@ -371,6 +371,54 @@ def test_browser_landing_and_example_fit_a_phone_and_screenshots(tmp_path):
             "example-phone.png"} <= set(saved), saved
 
 
+WIDE = {"width": 1440, "height": 900}
+_CODE_OVERFLOW_JS = """() => Array.from(document.querySelectorAll(
+    '.bd-article div[class*="highlight-"]:not(.sphx-glr-script-out) pre'))
+  .filter(pre => !pre.closest('.sphx-glr-script-out, .cell_output'))
+  .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+  .map(pre => [pre.scrollWidth - pre.clientWidth,
+               pre.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)])"""
+
+
+def code_overflows(page) -> list:
+    """Code blocks (not printed output) of the loaded page that scroll sideways: [pixels, longest line]."""
+    return page.evaluate(_CODE_OVERFLOW_JS)
+
+
+def test_browser_example_code_fits_a_wide_screen(tmp_path):
+    """On every example page at 1440 x 900, no code block scrolls sideways (phones may scroll)."""
+    _require("browser")
+    with serve(SITE) as base, browser(tmp_path, base) as context:
+        page = context.new_page()
+        page.set_viewport_size(WIDE)
+        scrolling = {}
+        for example in EXAMPLES:
+            page.goto(base + f"auto_examples/{example.removesuffix('.py')}.html", wait_until="load")
+            if bad := code_overflows(page):
+                scrolling[example] = bad
+    assert not scrolling, "code scrolls sideways at 1440 px:\n" + "\n".join(
+        f"{name}: {len(bad)} blocks, e.g. {bad[0][0]} px too wide: {bad[0][1]!r}"
+        for name, bad in scrolling.items())
+
+
+def test_browser_code_width_guard_catches_a_long_line(tmp_path):
+    """Fault injection: a page whose code block has a long line is reported; a short one is not."""
+    _require("browser")
+    (tmp_path / "site").mkdir()
+    line = "x = " + " + ".join(["value"] * 60)
+    (tmp_path / "site" / "wide.html").write_text(
+        '<html><body><article class="bd-article" style="width:600px">'
+        f'<div class="highlight-Python"><pre>{line}\nshort = 1</pre></div>'
+        '<div class="highlight-Python"><pre>short = 1</pre></div>'
+        '<div class="sphx-glr-script-out"><div class="highlight-none"><pre>' + "o" * 400 +
+        '</pre></div></div></article></body></html>')
+    with serve(tmp_path / "site") as base, browser(tmp_path, base) as context:
+        page = context.new_page()
+        page.goto(base + "wide.html", wait_until="load")
+        bad = code_overflows(page)
+    assert len(bad) == 1 and bad[0][1] == line, bad
+
+
 def test_browser_guard_catches_a_broken_page(tmp_path):
     """Fault injection, in the real browser: a page with a script error, a missing image, a broken
     link and a script from another host is reported on all four counts."""
