@@ -1,0 +1,725 @@
+"""
+FSDP2 pitfalls, each one reproduced and guarded
+===============================================
+
+Most FSDP2 questions on issue trackers come back to the same handful of mistakes. This page makes
+each mistake on purpose, on 2 gloo ranks, and shows its symptom exactly as torch presents it: the
+error or warning text you would paste into a search box, or the number that is silently wrong.
+Then it runs the fix.
+
+Every section is a build check twice over. **The wrong way must still go wrong**: if a torch release
+fixes or changes a pitfall, the build fails with ``[pitfall reproduces]`` and names the section to
+update. **The right way must be right**: equal to a single process, or counted to be what the
+semantics require, within the tolerances of :mod:`guide.checks`.
+
+The ten pitfalls:
+
+1. the optimizer built before ``fully_shard``;
+2. tied embeddings in two FSDP groups;
+3. an in-place op on an FSDP2 module's output;
+4. reading the local part of a gradient norm;
+5. a DDP-style ``no_sync`` that does nothing;
+6. different seeds on different ranks;
+7. forgetting the root ``fully_shard``;
+8. meta-device init without a broadcast (on the checkpoint page);
+9. ``reshard_after_forward``'s default, and passing ``True`` for it;
+10. calling a method other than ``forward``.
+
+The mistakes are made in one job: each section defines what a rank does (the wrong way and the
+fix), one :func:`guide.launch` runs them all, and the outcomes follow, section by section, with a
+summary table at the end. Every message and number below is printed by that run.
+"""
+
+# %%
+# Setup
+# -----
+# The site's model with 2 blocks (:class:`guide.model.TinyLM`), SGD, and a few global batches of
+# token sequences, each rank taking its own slice. The single-process references run here, in this
+# process, on the full batches.
+import contextlib
+import inspect
+import math
+import warnings
+
+import matplotlib.pyplot as plt
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import guide
+from guide import checks, comm, dtensor, plotting, report, sharding
+from guide.comm import CollectiveLog
+from guide.data import micro_batches, rank_slice, synthetic_batches
+from guide.dtensor import full_state, local_tensor
+from guide.model import ModelConfig, TinyLM, build_model
+from guide.training import (make_optimizer, mean_over_ranks, next_token_loss, reference_run,
+                            train_steps)
+
+WORLD_SIZE = guide.world_size(2)  # torchrun's WORLD_SIZE under torchrun
+CFG = ModelConfig(n_layers=2)
+STEPS = 3
+BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16, vocab=CFG.vocab)
+REFERENCE = reference_run(CFG, "sgd", BATCHES)  # (losses, final parameters), one process
+checks.assert_learns("reference", REFERENCE[0])
+GRAD_TOL = checks.PARAM_TOL["sgd"]  # fp32 gradients differ from 1 process's by reduction order only
+print(f"torch {torch.__version__}, {WORLD_SIZE} ranks, TinyLM with {CFG.n_layers} blocks, "
+      f"{sum(p.numel() for p in build_model(CFG).parameters()):,} parameters")
+
+# %%
+# How the page decides
+# --------------------
+# Four small checks decide "the wrong way still goes wrong"; each raises
+# :class:`guide.checks.CheckFailed` naming the pitfall, and each is tested on a run that did *not*
+# go wrong (``tests/test_pitfalls.py``). The right ways use the site's checks
+# (:func:`~guide.checks.assert_losses_match`, :func:`~guide.checks.assert_params_match`, ...).
+
+
+def assert_reproduces(pitfall: str, messages: list[str], expected: str) -> str:
+    """One of ``messages`` (errors or warnings torch gave) contains ``expected``; returns it."""
+    hit = next((m for m in messages if expected in m), None)
+    checks.expect(hit is not None, "pitfall reproduces", pitfall,
+                  f"torch {torch.__version__} no longer says {expected!r} (it said {messages!r}); "
+                  "the pitfall changed: update this section of the page.")
+    return hit
+
+
+def assert_differs(pitfall: str, reference: dict, got: dict, tol: float) -> float:
+    """The wrong way's tensors are off: some entry differs from ``reference`` by more than ``tol``
+    (NaN counts as off). Returns the worst gap."""
+    gaps = [(got[k].double() - ref.double()).abs().max().item() for k, ref in reference.items()]
+    worst = next((g for g in gaps if g != g), max(gaps))
+    checks.expect(any(not g <= tol for g in gaps), "pitfall reproduces", pitfall,
+                  f"the wrong way now matches the right one (worst gap {worst:.1e} <= {tol:.0e}) "
+                  f"on torch {torch.__version__}: update this section of the page.")
+    return worst
+
+
+def assert_frozen(pitfall: str, before: dict, after: dict, losses: list[float],
+                  warned: list[str]) -> None:
+    """Training silently did nothing: every parameter bitwise unchanged, the loss of the repeated
+    batch the same every step, and no warning."""
+    moved = max((after[k] - before[k]).abs().max().item() for k in before)
+    frozen = moved == 0.0 and losses is not None and len(set(losses)) == 1
+    checks.expect(frozen and not warned, "pitfall reproduces", pitfall,
+                  f"parameters moved by {moved:.1e}, losses {losses}, warnings {warned} on torch "
+                  f"{torch.__version__}: update this section of the page.")
+
+
+def assert_partial(pitfall: str, local_per_rank: list[float], full: float, tol: float) -> None:
+    """What a rank reads depends on the rank (some rank's local norm is not the norm), and the local
+    norms are the norm's parts: the square root of the sum of their squares is the norm."""
+    whole = math.sqrt(sum(x * x for x in local_per_rank))
+    checks.expect(any(not abs(x - full) <= tol for x in local_per_rank), "pitfall reproduces",
+                  pitfall, f"every rank's local norm {local_per_rank} equals the full norm {full}: "
+                  f"update this section of the page (torch {torch.__version__}).")
+    checks.expect(abs(whole - full) <= tol, "partial norm", pitfall,
+                  f"sqrt(sum of local norms squared) = {whole} but the norm is {full}.")
+
+
+def caught(fn, *args) -> tuple[object, list[str]]:
+    """``fn(*args)``'s result (or ``None``) and every error and warning it raised, as text."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        try:
+            result, errors = fn(*args), []
+        except Exception as exc:  # the symptom is the point: keep its text
+            result, errors = None, [f"{type(exc).__name__}: {exc}"]
+    return result, errors + [f"{w.category.__name__}: {w.message}" for w in record]
+
+
+# %%
+# 1. The optimizer built before ``fully_shard``
+# ---------------------------------------------
+# ``fully_shard`` replaces every parameter of the module with a new ``nn.Parameter`` wrapping a
+# ``DTensor`` shard (``FSDPParam._init_sharded_param`` in
+# ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``). An optimizer built earlier holds the
+# *old* tensors: no gradient ever reaches them, ``step()`` skips parameters without a gradient, and
+# training does nothing, without an error or a warning. The fix is the order: shard, then build the
+# optimizer. The wrong way trains on one batch repeated, so a loss that does not move is the
+# symptom, not a change of data.
+ONE_BATCH = BATCHES[:1].expand(5, -1, -1)  # the same global batch, 5 times
+ONE_BATCH_REFERENCE = reference_run(CFG, "sgd", ONE_BATCH)
+
+
+def optimizer_first(rank: guide.Rank, mesh, build_optimizer_first: bool) -> dict:
+    model = build_model(CFG, device=rank.device)
+    if build_optimizer_first:
+        opt = make_optimizer("sgd", model.parameters())  # WRONG: the plain tensors
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if not build_optimizer_first:
+        opt = make_optimizer("sgd", model.parameters())  # right: the DTensor parameters
+    before = full_state(model)
+    losses, messages = caught(train_steps, model, opt, ONE_BATCH, rank.rank, rank.world_size,
+                              rank.device)
+    return {"before": before, "after": full_state(model), "losses": losses, "messages": messages}
+
+
+# %%
+# 2. Tied embeddings in two FSDP groups
+# -------------------------------------
+# Many language models use one matrix as the token embedding and the output head
+# (``head.weight = tok_emb.weight``). Sharding the embedding in its own group, as per-module
+# wrapping policies do, puts the shared parameter in two groups. Since torch 2.13, FSDP2's lazy init
+# (at the first forward) refuses (``FSDPState._validate_no_duplicate_params`` in ``_fsdp_state.py``;
+# reports: accelerate #4171, torchtitan #2495). The fix is torch's own advice: one group for both
+# modules, ``fully_shard([model.tok_emb, model.head])`` (leaving both to the root works too). The
+# right way below also builds the model on the ``meta`` device, shards it, materialises it with
+# ``to_empty`` and loads rank 0's weights, then trains: the tie must survive all of it, and the
+# gradient of the shared matrix (embedding part plus head part) must be reduced once, as one process
+# computes it.
+
+
+def tie(model: TinyLM) -> TinyLM:
+    model.head.weight = model.tok_emb.weight
+    return model
+
+
+TIED_INIT = tie(build_model(CFG)).state_dict()
+TIED_REFERENCE = (lambda m: (train_steps(m, make_optimizer("sgd", m.parameters()), BATCHES),
+                             full_state(m)))(tie(build_model(CFG)))
+
+
+def tied_embeddings(rank: guide.Rank, mesh) -> dict:
+    wrong = tie(build_model(CFG, device=rank.device))
+    fully_shard(wrong.tok_emb, mesh=mesh)  # WRONG: the tied weight's own group...
+    sharding.apply_fsdp2(wrong, mesh)  # ...and the root's (which owns head)
+    _, messages = caught(wrong, BATCHES[0, :, :-1].to(rank.device))
+
+    with torch.device("meta"):
+        model = tie(TinyLM(CFG))
+    fully_shard([model.tok_emb, model.head], mesh=mesh)  # right: one group for the tied pair
+    sharding.apply_fsdp2(model, mesh)
+    tied = {"after fully_shard": model.head.weight is model.tok_emb.weight}
+    model.to_empty(device=rank.device)
+    tied["after to_empty"] = model.head.weight is model.tok_emb.weight
+    set_model_state_dict(model, TIED_INIT if rank.is_main else {}, options=StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True))
+    opt = make_optimizer("sgd", model.parameters())
+    losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
+    tied["after training"] = model.head.weight is model.tok_emb.weight
+    return {"messages": messages, "tied": tied, "losses": losses, "params": full_state(model)}
+
+
+# %%
+# 3. An in-place op on an FSDP2 module's output
+# ---------------------------------------------
+# FSDP2 runs a module's backward all-gather from a hook it registers on the module's *outputs*
+# (``FSDPState._register_pre_backward_hook`` in ``_fsdp_state.py``). If an output is a view and the
+# caller modifies it in place (``y += x``, a residual written the short way), autograd rebases the
+# view's history and the hook is no longer on the backward path: the parameters are not gathered
+# again. torch 2.13 warns at every such forward. What happens next depends on
+# ``reshard_after_forward``; both are measured below. The model is the smallest that shows it:
+# three linear layers whose ``forward`` returns a view, each in its own ``fully_shard`` group, with
+# residual connections. The fix is out of place: ``y = y + x``.
+class ViewOut(nn.Module):
+    """A linear layer whose output is a view (as any ``.view``/``.transpose`` at the end makes)."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).view(-1, x.shape[-1])
+
+
+class Residual(nn.Module):
+    def __init__(self, inplace: bool, n: int = 3) -> None:
+        super().__init__()
+        self.layers, self.inplace = nn.ModuleList(ViewOut() for _ in range(n)), inplace
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            y = layer(x)
+            if self.inplace:
+                y += x  # WRONG: in place, on the view FSDP2 hooked
+            else:
+                y = y + x  # right
+            x = y
+        return x
+
+
+def residual(inplace: bool) -> Residual:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Residual(inplace)
+
+
+def residual_input(rank: int) -> torch.Tensor:
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+
+
+def residual_grads(model: nn.Module, x: torch.Tensor) -> dict:
+    model(x).pow(2).mean().backward()
+    return {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone()
+            for n, p in model.named_parameters()}
+
+
+RESIDUAL_REFERENCE = residual_grads(
+    residual(False), torch.cat([residual_input(r) for r in range(WORLD_SIZE)]))
+
+
+def inplace_output(rank: guide.Rank, mesh) -> dict:
+    out = {}
+    for name, inplace, reshard in (("in place", True, None), ("in place, no reshard", True, False),
+                                   ("out of place", False, None)):
+        model = residual(inplace).to(rank.device)
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh)
+        grads, messages = caught(residual_grads, model, residual_input(rank.rank).to(rank.device))
+        out[name] = {"grads": grads, "messages": messages, "grad types": None if grads is None else
+                     sorted({type(p.grad).__name__ for p in model.parameters()})}
+    return out
+
+
+# %%
+# 4. Reading the local part of a gradient norm
+# --------------------------------------------
+# Under FSDP2 a gradient is a ``DTensor`` sharded over the ranks. ``p.grad.norm()`` returns a
+# ``DTensor`` too, with a *partial* placement (``_NormPartial``): each rank holds the norm of its
+# own shard, and only a reduction makes the norm. Reading it with ``.to_local()`` or through the
+# local tensor (per-layer gradient-norm logging does) gives each rank a different, too small number;
+# the squares of the ranks' values add up to the square of the norm. ``.full_tensor()`` reduces.
+# pytorch #170862 reported the same for the total norm ``clip_grad_norm_`` returns (torch 2.9);
+# torchtitan #766 for logged norms. On this torch, ``clip_grad_norm_`` returns a replicated
+# ``DTensor``; the page asserts that too, so a change back is caught. (The clipping itself is the
+# subject of the gradient-clipping page.)
+GRAD_MODEL = build_model(CFG)
+next_token_loss(GRAD_MODEL, BATCHES[0]).backward()
+NORM_REFERENCE = {n: p.grad.norm().item() for n, p in GRAD_MODEL.named_parameters()}
+TOTAL_NORM_REFERENCE = torch.nn.utils.get_total_norm(
+    [p.grad for p in GRAD_MODEL.parameters()]).item()
+
+
+def grad_norms(rank: guide.Rank, mesh) -> dict:
+    model = sharding.apply_fsdp2(build_model(CFG, device=rank.device), mesh)
+    next_token_loss(model, rank_slice(BATCHES[0], rank.rank, rank.world_size)).backward()
+    norms = {n: p.grad.norm() for n, p in model.named_parameters()}
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=float("inf"))
+    return {"placements": {str(n.placements) for n in norms.values()},
+            "local": {n: v.to_local().item() for n, v in norms.items()},  # WRONG
+            "full": {n: v.full_tensor().item() for n, v in norms.items()},  # right
+            "clip placements": str(total.placements), "clip local": total.to_local().item(),
+            "clip full": total.full_tensor().item()}
+
+
+# %%
+# 5. A DDP-style ``no_sync`` that does nothing
+# --------------------------------------------
+# Gradient accumulation code written for DDP skips the gradient all-reduce on all but the last
+# micro-batch with ``with model.no_sync():`` (which sets ``model.require_backward_grad_sync``).
+# An FSDP2 module has no ``no_sync``; code that guards it with ``isinstance(model, DDP)``, as
+# NVIDIA/cosmos-framework #161 shipped, silently reduces every micro-batch, and setting
+# ``require_backward_grad_sync`` on an FSDP2 module just creates an attribute nobody reads. The
+# result is still correct, but every micro-batch pays a full reduce-scatter. The FSDP2 call is
+# ``model.set_requires_gradient_sync(False)`` (``FSDPModule`` in ``_fully_shard.py``; the
+# gradient-accumulation page measures what it costs in memory). Counted with
+# :class:`guide.comm.CollectiveLog`, over ``K`` micro-batches per step:
+K = 2
+
+
+def skip_sync(rank: guide.Rank, mesh, fsdp2_way: bool) -> dict:
+    model = sharding.apply_fsdp2(build_model(CFG, device=rank.device), mesh)
+    _, messages = caught(lambda: model.no_sync())  # DDP's API
+    opt = make_optimizer("sgd", model.parameters())
+    with CollectiveLog(model) as log:
+        for micro in micro_batches(BATCHES, K):
+            opt.zero_grad(set_to_none=True)
+            for i, batch in enumerate(micro):
+                last = i == K - 1
+                skip = contextlib.nullcontext()
+                if fsdp2_way:
+                    model.set_requires_gradient_sync(last)  # right
+                else:  # WRONG: DDP's switches; the guard is False, the flag is never read
+                    if isinstance(model, DDP) and not last:
+                        skip = model.no_sync()
+                    model.require_backward_grad_sync = last
+                with skip:
+                    loss = next_token_loss(model, rank_slice(batch, rank.rank, rank.world_size))
+                    (loss / K).backward()
+            opt.step()
+    return {"messages": messages, "reduce_scatters": log.count("reduce_scatter") / STEPS,
+            "params": full_state(model)}
+
+
+# %%
+# 6. Different seeds on different ranks
+# -------------------------------------
+# DDP broadcasts rank 0's weights when it wraps the model; ``fully_shard`` does not broadcast
+# anything: each rank keeps *its own rows* of whatever it built (``FSDPParam._init_sharded_param``
+# takes this rank's ``torch.chunk`` of the local tensor, no collective). Seed each rank differently
+# (``torch.manual_seed(rank)``, a common data-loading habit) and the model the ranks jointly hold is
+# a patchwork: rows of rank 0's model, then rows of rank 1's, a model no process ever built. Nothing
+# fails; the run is just not the one you seeded. The fix: build with the same seed everywhere (or
+# load one checkpoint).
+
+
+def seeds(rank: guide.Rank, mesh, same_seed: bool) -> dict:
+    seed = 0 if same_seed else rank.rank  # WRONG when it depends on the rank
+    model = sharding.apply_fsdp2(build_model(CFG, seed=seed, device=rank.device), mesh)
+    return full_state(model)
+
+
+# %%
+# 7. Forgetting the root ``fully_shard``
+# --------------------------------------
+# ``fully_shard`` on the blocks alone leaves the embeddings, the final norm and the head as plain
+# tensors, full size on every rank. Worse, nothing reduces their gradients: no DDP wraps them and no
+# FSDP group owns them, so each rank updates them from its own slice of the batch and the ranks'
+# copies drift apart. And each block, now a root itself, keeps its parameters unsharded from forward
+# to backward (a root's ``reshard_after_forward`` default is ``False``, ``FSDPState._lazy_init``).
+# The fix is the last line of every FSDP2 recipe: ``fully_shard(model, mesh=mesh)``.
+
+
+def root_shard(rank: guide.Rank, mesh, shard_root: bool) -> dict:
+    model = build_model(CFG, device=rank.device)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    if shard_root:
+        fully_shard(model, mesh=mesh)  # the line that is missing in the wrong way
+    opt = make_optimizer("sgd", model.parameters())
+    with CollectiveLog(model) as log:
+        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
+    return {"losses": losses, "params": full_state(model),
+            "layouts": dtensor.param_layouts(model, rank.rank),
+            "param_bytes": sum(local_tensor(p).nbytes for p in model.parameters()),
+            "all_gathers": log.count("all_gather") / STEPS,
+            "reduce_scatters": log.count("reduce_scatter") / STEPS}
+
+
+# %%
+# 8. Meta-device init without a broadcast
+# ---------------------------------------
+# Building a large model on the ``meta`` device, sharding it, then ``to_empty()`` and
+# ``reset_parameters()`` is the memory-saving way to start; but each rank then draws its *local*
+# shard from its own generator (with the same seed everywhere, every rank's shard holds the same
+# values), and the model the ranks hold is not the single-process one. The
+# :ref:`checkpoint page <sphx_glr_auto_examples_plot_checkpoint.py>` (section "Meta-device init")
+# reproduces it and asserts the fix: load rank 0's full state dict with
+# ``set_model_state_dict(..., StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))``,
+# the same call section 2 uses above.
+#
+# 9. ``reshard_after_forward``: the default, and passing ``True``
+# ---------------------------------------------------------------
+# ``reshard_after_forward=None`` (the default) means ``True`` for every group except the root, which
+# keeps its parameters until backward, since backward needs them first (``FSDPState._lazy_init``).
+# Before pytorch #154704 (2025) an explicit ``True`` was clamped to ``False`` on the root as well;
+# since then it is respected (#154655), and #155319 made ``None`` the way to get the clamp.
+# Code that passes ``True`` everywhere, believing it is the default, now pays one more all-gather
+# per step: the root's, in backward. The ``reshard_after_forward`` page measures the memory side.
+
+
+def reshard_default(rank: guide.Rank, mesh, option: bool | None) -> dict:
+    model = sharding.apply_fsdp2(build_model(CFG, device=rank.device), mesh,
+                                 reshard_after_forward=option)
+    opt = make_optimizer("sgd", model.parameters())
+    with CollectiveLog(model) as log:
+        train_steps(model, opt, BATCHES[:1], rank.rank, rank.world_size, rank.device)
+    model(BATCHES[0, :, :-1].to(rank.device))  # a forward, no backward: what does the root hold?
+    held = model.tok_emb.weight
+    return {"all_gathers": log.count("all_gather"), "root holds after forward":
+            "sharded (DTensor)" if isinstance(held, DTensor) else "unsharded (plain tensor)"}
+
+
+# %%
+# 10. Calling a method other than ``forward``
+# -------------------------------------------
+# FSDP2 all-gathers a group's parameters in hooks around ``forward`` only. A method that computes
+# with the parameters without going through ``forward`` (a ``generate``, an ``embed``, a scoring
+# helper) meets them sharded, as ``DTensor``, next to plain tensors. pytorch #125394 added
+# ``register_fsdp_forward_method(model, "embed")``, which wraps the method in the same hooks.
+class EmbedLM(TinyLM):
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.tok_emb(tokens) + self.pos_emb(positions)
+
+
+def embed_lm() -> EmbedLM:
+    model = EmbedLM(CFG)
+    model.load_state_dict(build_model(CFG).state_dict())
+    return model
+
+
+EMBED_REFERENCE = embed_lm().embed(BATCHES[0, :, :-1]).detach()
+
+
+def other_method(rank: guide.Rank, mesh, register: bool) -> dict:
+    model = sharding.apply_fsdp2(embed_lm().to(rank.device), mesh)
+    if register:
+        register_fsdp_forward_method(model, "embed")  # right
+    tokens = rank_slice(BATCHES[0], rank.rank, rank.world_size).to(rank.device)
+    next_token_loss(model, tokens).backward()  # an ordinary forward and backward first
+    out, messages = caught(model.embed, BATCHES[0, :, :-1].to(rank.device))
+    return {"embed": None if out is None else out.detach(), "messages": messages}
+
+
+# %%
+# Running all of them
+# -------------------
+# One job, 2 ranks; each pitfall builds its own model, so they do not interfere. A wrong way that
+# raises does so on every rank alike, before any collective a peer would wait for.
+
+
+def worker(rank: guide.Rank) -> dict:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    return {
+        "1 wrong": optimizer_first(rank, mesh, build_optimizer_first=True),
+        "1 right": optimizer_first(rank, mesh, build_optimizer_first=False),
+        "2": tied_embeddings(rank, mesh),
+        "3": inplace_output(rank, mesh),
+        "4": grad_norms(rank, mesh),
+        "5 wrong": skip_sync(rank, mesh, fsdp2_way=False),
+        "5 right": skip_sync(rank, mesh, fsdp2_way=True),
+        "6 wrong": seeds(rank, mesh, same_seed=False),
+        "6 right": seeds(rank, mesh, same_seed=True),
+        "7 wrong": root_shard(rank, mesh, shard_root=False),
+        "7 right": root_shard(rank, mesh, shard_root=True),
+        "9": {option: reshard_default(rank, mesh, option) for option in (None, True, False)},
+        "10 wrong": other_method(rank, mesh, register=False),
+        "10 right": other_method(rank, mesh, register=True),
+    }
+
+
+results = guide.launch(worker, WORLD_SIZE)
+R = results[0]  # rank 0's view; sections that compare ranks read `results`
+SUMMARY = []  # (pitfall, symptom, fix, asserted), one row per section
+
+# %%
+# 1. Outcome: the optimizer built before ``fully_shard``
+# ------------------------------------------------------
+run = "1. optimizer before fully_shard"
+wrong, right = R["1 wrong"], R["1 right"]
+assert_frozen(run, wrong["before"], wrong["after"], wrong["losses"], wrong["messages"])
+curves = {"optimizer first": mean_over_ranks([res["1 wrong"]["losses"] for res in results]),
+          "fully_shard first": mean_over_ranks([res["1 right"]["losses"] for res in results]),
+          "1 process": ONE_BATCH_REFERENCE[0]}
+checks.assert_learns(run + " (fixed)", curves["fully_shard first"])
+checks.assert_losses_match(run + " (fixed)", curves["1 process"], curves["fully_shard first"])
+checks.assert_params_match(run + " (fixed)", ONE_BATCH_REFERENCE[1], right["after"],
+                           checks.PARAM_TOL["sgd"])
+print(report.table([[s, *(c[s] for c in curves.values())] for s in range(len(ONE_BATCH))],
+                   ["step", *curves], formats={c: ".4f" for c in curves},
+                   title="loss on the same global batch (mean over ranks), 5 SGD steps"))
+moved = max((wrong["after"][k] - wrong["before"][k]).abs().max().item() for k in wrong["before"])
+print(f"\nthe wrong run: {len(wrong['messages'])} warnings or errors; largest parameter change "
+      f"{moved:.1e}")
+SUMMARY.append([run, f"loss stays {curves['optimizer first'][0]:.4f}, silently",
+                "optimizer after fully_shard", "frozen; fix = 1 process"])
+
+# %%
+# The loss, step by step: the wrong way is a flat line.
+plotting.style()
+fig, ax = plt.subplots(figsize=(7, 3.8))
+ax.plot(curves["1 process"], color=plotting.COLORS["reference"], lw=5, alpha=0.3,
+        label="1 process")
+ax.plot(curves["fully_shard first"], "o-", color=sharding.Strategy.FSDP2.color,
+        label=f"optimizer built after fully_shard, {WORLD_SIZE} ranks")
+ax.plot(curves["optimizer first"], "s--", color="black",
+        label=f"optimizer built before fully_shard, {WORLD_SIZE} ranks")
+ax.set_xlabel("SGD step (same batch every step)")
+ax.set_ylabel("training loss (nats/token)")
+ax.set_title("Optimizer built before fully_shard: the loss never moves")
+ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+ax.legend()
+plt.show()
+
+# %%
+# 2. Outcome: tied embeddings
+# ---------------------------
+run = "2. tied embeddings"
+error = assert_reproduces(run, R["2"]["messages"], "is shared with a parameter already managed by "
+                                                   "another FSDP group")
+print(error)
+for r, res in enumerate(results):
+    checks.expect(all(res["2"]["tied"].values()), "tie kept", run + " (fixed)",
+                  f"rank {r}: {res['2']['tied']}")
+checks.assert_learns(run + " (fixed)", R["2"]["losses"])
+tied_loss_gap = checks.assert_losses_match(run + " (fixed)", TIED_REFERENCE[0],
+                                           mean_over_ranks([res["2"]["losses"] for res in results]))
+tied_param_gap = checks.assert_params_match(run + " (fixed)", TIED_REFERENCE[1], R["2"]["params"],
+                                            checks.PARAM_TOL["sgd"])
+print(f"\nfully_shard([tok_emb, head]): head.weight is tok_emb.weight {R['2']['tied']}; "
+      f"against the tied single-process model: max |Δloss| {tied_loss_gap:.1e}, "
+      f"max |Δparam| {tied_param_gap:.1e}")
+SUMMARY.append([run, "ValueError: ...already managed by another FSDP group",
+                "fully_shard([tok_emb, head])", "raises; fix = 1 process"])
+
+# %%
+# 3. Outcome: an in-place op on an FSDP2 module's output
+# ------------------------------------------------------
+# The warning comes first, at every forward of a module whose output is a view (printed once
+# here). With the default ``reshard_after_forward`` (``True`` for the layers) their parameters were
+# freed after forward and never gathered again: backward fails, reading a freed storage. With
+# ``reshard_after_forward=False`` the parameters were never freed, so the missing all-gather goes
+# unnoticed: here backward runs and the gradients are right (measured), which hides the bug until
+# someone turns resharding back on. Out of place, every gradient equals the single-process one
+# either way.
+run = "3. in-place op on an FSDP2 output"
+res = R["3"]
+warning = assert_reproduces(run, res["in place"]["messages"], "returned a view tensor")
+error = assert_reproduces(run, res["in place"]["messages"], "RuntimeError")
+print(warning, error, sep="\n\n")
+checks.expect(res["in place, no reshard"]["grads"] is not None, "hidden by no reshard", run,
+              f"backward failed: {res['in place, no reshard']['messages']}")
+hidden_gap = checks.assert_params_match(run + ", reshard_after_forward=False", RESIDUAL_REFERENCE,
+                                        res["in place, no reshard"]["grads"], GRAD_TOL,
+                                        check="gradients")
+fixed_gap = checks.assert_params_match(run + " (fixed)", RESIDUAL_REFERENCE,
+                                       res["out of place"]["grads"], GRAD_TOL, check="gradients")
+gaps = {name: "raised" if r["grads"] is None else max(
+    (r["grads"][k] - ref).abs().max().item() for k, ref in RESIDUAL_REFERENCE.items())
+    for name, r in res.items()}
+print(report.table([[name, ", ".join(r["grad types"] or ["-"]), gaps[name]]
+                    for name, r in res.items()],
+                   ["run", "gradient types", "max |Δgrad|"], formats={"max |Δgrad|": ".1e"}))
+SUMMARY.append([run, "UserWarning: ...returned a view tensor; " + error.split(":")[0],
+                "y = y + x, not y += x", "fails; fix = 1 process"])
+
+# %%
+# 4. Outcome: reading a gradient norm
+# -----------------------------------
+run = "4. local part of a norm"
+checks.expect(all(res["4"]["placements"] == {"(_NormPartial(2),)"} for res in results),
+              "pitfall reproduces", run, f"p.grad.norm() placements {R['4']['placements']}")
+rows = []
+for name, ref in NORM_REFERENCE.items():
+    local = [res["4"]["local"][name] for res in results]
+    assert_partial(f"{run}: {name}", local, R["4"]["full"][name], checks.LOSS_TOL)
+    checks.expect_close("gradient norm", run + " (fixed)",
+                        [res["4"]["full"][name] for res in results], [ref] * WORLD_SIZE,
+                        checks.LOSS_TOL, what=f"{name}.grad.norm().full_tensor()")
+    rows.append([name, ref, R["4"]["full"][name], *local])
+print(report.table(rows[:4] + rows[-1:], ["parameter", "1 process", "full_tensor()",
+                                          *(f"to_local() r{r}" for r in range(WORLD_SIZE))],
+                   formats={c: ".5f" for c in ["1 process", "full_tensor()",
+                                               *(f"to_local() r{r}" for r in range(WORLD_SIZE))]}))
+checks.expect(R["4"]["clip placements"] == "(Replicate(),)", "pitfall reproduces", run,
+              f"clip_grad_norm_ now returns {R['4']['clip placements']}: pytorch #170862 is back; "
+              "update this section.")
+checks.expect_close("gradient norm", run, [res["4"]["clip local"] for res in results],
+                    [TOTAL_NORM_REFERENCE] * WORLD_SIZE, checks.LOSS_TOL, what="clip_grad_norm_")
+print(f"\np.grad.norm() placements: {next(iter(R['4']['placements']))}; clip_grad_norm_ returns "
+      f"{R['4']['clip placements']}: its to_local() {R['4']['clip local']:.5f} is the norm "
+      f"(1 process: {TOTAL_NORM_REFERENCE:.5f})")
+SUMMARY.append([run, "p.grad.norm().to_local() differs by rank", ".full_tensor()",
+                "partial; fix = 1 process"])
+
+# %%
+# 5. Outcome: ``no_sync``
+# -----------------------
+run = "5. DDP-style no_sync"
+wrong, right = R["5 wrong"], R["5 right"]
+error = assert_reproduces(run, wrong["messages"], "object has no attribute 'no_sync'")
+units = len(sharding.fsdp2_units(build_model(CFG)))
+checks.expect(wrong["reduce_scatters"] == K * units, "pitfall reproduces", run,
+              f"{wrong['reduce_scatters']} reduce-scatters per step, expected {K} x {units}")
+checks.expect(right["reduce_scatters"] == units, "comm calls", run + " (fixed)",
+              f"{right['reduce_scatters']} reduce-scatters per step, expected {units}")
+for name, r in (("DDP-style", wrong), ("set_requires_gradient_sync", right)):
+    checks.assert_params_match(f"{run}, {name}", REFERENCE[1], r["params"], checks.PARAM_TOL["sgd"])
+print(error)
+print(report.table([["no_sync / require_backward_grad_sync", wrong["reduce_scatters"]],
+                    ["set_requires_gradient_sync(False)", right["reduce_scatters"]]],
+                   ["gradient sync skipped with", "reduce-scatters per step"],
+                   title=f"{K} micro-batches per step, {units} fully_shard groups; "
+                         "both runs end at the 1-process parameters"))
+SUMMARY.append([run, f"AttributeError; {wrong['reduce_scatters']:.0f} reduce-scatters/step",
+                "set_requires_gradient_sync", f"{K}x calls; fix = {units}/step"])
+
+# %%
+# 6. Outcome: different seeds
+# ---------------------------
+run = "6. seed per rank"
+initial = full_state(build_model(CFG))
+gap = assert_differs(run, initial, R["6 wrong"], 0.0)
+seeded = {r: build_model(CFG, seed=r).tok_emb.weight for r in range(WORLD_SIZE)}
+chunks = dtensor.chunk_sizes(CFG.vocab, WORLD_SIZE)
+patch = torch.cat([seeded[r][sum(chunks[:r]):sum(chunks[:r + 1])] for r in range(WORLD_SIZE)])
+checks.expect(torch.equal(R["6 wrong"]["tok_emb.weight"], patch), "pitfall reproduces", run,
+              "the jointly held tok_emb is not rank r's rows of seed r's model")
+checks.assert_same_init(run + " (fixed)", initial, R["6 right"])
+origin = ", ".join(f"rows {sum(chunks[:r])}-{sum(chunks[:r + 1]) - 1} from seed {r}"
+                   for r in range(WORLD_SIZE))
+print(f"tok_emb.weight as the ranks hold it: {origin}; worst gap to the seed-0 model {gap:.2f}")
+SUMMARY.append([run, "none: a patchwork of seeds", "same seed on every rank",
+                "patchwork; fix = seed 0"])
+
+# %%
+# 7. Outcome: the root ``fully_shard``
+# ------------------------------------
+run = "7. no root fully_shard"
+wrong, right = R["7 wrong"], R["7 right"]
+plain = sorted({lay.name for lay in wrong["layouts"] if not lay.is_dtensor})
+drift = assert_differs(run, results[0]["7 wrong"]["params"], results[1]["7 wrong"]["params"], 0.0)
+blocks_only = [comm.FSDPGroup.of(b.parameters(), reshard_after_forward=False)
+               for b in build_model(CFG).blocks]  # each block is a root: kept until backward
+for name, r, groups in (("blocks only", wrong, blocks_only),
+                        ("blocks + root", right, comm.fsdp2_groups(build_model(CFG)))):
+    model_calls = comm.fsdp2_step(groups, WORLD_SIZE)
+    for kind in ("all_gather", "reduce_scatter"):
+        checks.expect(r[kind + "s"] == sum(c.kind == kind for c in model_calls), "comm calls",
+                      f"{run}, {name}", f"{r[kind + 's']} {kind} per step")
+checks.assert_sharded(run + " (fixed)",
+                      [lay for res in results for lay in res["7 right"]["layouts"]], WORLD_SIZE)
+checks.assert_ranks_agree(run + " (fixed)", [res["7 right"]["params"] for res in results])
+checks.assert_params_match(run + " (fixed)", REFERENCE[1], right["params"], checks.PARAM_TOL["sgd"])
+print(f"plain, unreduced tensors without the root call: {plain}")
+print(f"after {STEPS} steps the ranks' copies differ by up to {drift:.1e}\n")
+print(report.table([[name, r["param_bytes"] / 2**10, r["all_gathers"], r["reduce_scatters"]]
+                    for name, r in (("blocks only", wrong), ("blocks + root", right))],
+                   ["fully_shard on", "params on rank 0 (KiB)", "all-gathers/step",
+                    "reduce-scatters/step"], formats={"params on rank 0 (KiB)": ".1f"}))
+SUMMARY.append([run, f"none: ranks drift apart ({drift:.0e})", "fully_shard(model) last",
+                "drift; fix = 1 process"])
+SUMMARY.append(["8. meta-device init", "none: not the 1-process model", "broadcast_from_rank0",
+                "on the checkpoint page"])
+
+# %%
+# 9. Outcome: ``reshard_after_forward``
+# -------------------------------------
+run = "9. reshard_after_forward=True"
+default = inspect.signature(fully_shard).parameters["reshard_after_forward"].default
+counts = {option: R["9"][option]["all_gathers"] for option in (None, True, False)}
+checks.expect(default is None, "pitfall reproduces", run, f"the default is now {default!r}")
+for option, measured in counts.items():
+    expected = sum(c.kind == "all_gather" for c in comm.fsdp2_step(
+        comm.fsdp2_groups(build_model(CFG), option), WORLD_SIZE))
+    checks.expect(measured == expected, "comm calls", f"{run} ({option})",
+                  f"{measured} all-gathers in a step, the semantics say {expected}")
+checks.expect(counts[True] == counts[None] + 1, "pitfall reproduces", run,
+              f"True costs {counts[True]} all-gathers, the default {counts[None]}")
+print(f"fully_shard(..., reshard_after_forward={default!r}) is the default on torch "
+      f"{torch.__version__}\n")
+print(report.table([[repr(o), counts[o], R["9"][o]["root holds after forward"]] for o in counts],
+                   ["reshard_after_forward", "all-gathers per step",
+                    "root's tok_emb after forward"]))
+SUMMARY.append([run, f"{counts[True]} all-gathers/step, not {counts[None]}",
+                "leave the default, None", "counts = semantics"])
+
+# %%
+# 10. Outcome: a method other than ``forward``
+# --------------------------------------------
+run = "10. method other than forward"
+error = assert_reproduces(run, R["10 wrong"]["messages"], "got mixed torch.Tensor and DTensor")
+print(error)
+embed_gap = checks.assert_params_match(run + " (fixed)", {"embed": EMBED_REFERENCE},
+                                       {"embed": R["10 right"]["embed"]}, GRAD_TOL,
+                                       check="method output")
+print(f"\nwith register_fsdp_forward_method: max |Δ| to 1 process {embed_gap:.1e}")
+SUMMARY.append([run, "RuntimeError: ...got mixed torch.Tensor and DTensor",
+                "register_fsdp_forward_method", "raises; fix = 1 process"])
+
+# %%
+# Summary
+# -------
+# Every row but the eighth (asserted on the checkpoint page) was reproduced, and fixed, when this
+# page was built.
+print(report.table(SUMMARY, ["pitfall", "symptom (as measured)", "fix", "asserted"]))
+
+# sphinx_gallery_thumbnail_number = 1
