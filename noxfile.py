@@ -11,7 +11,10 @@ missing ``X`` is an error (``error_on_missing_interpreters``), and so is an unsu
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import time
 from pathlib import Path
 
 import nox
@@ -106,15 +109,33 @@ def compat(session: nox.Session, torch: str) -> None:
     """
     _require_supported_python(session)
     session.install("-c", _constraints_without_torch(session), f"torch=={torch}", "-e", ".[test]")
-    session.run("python", "-c", "import torch, sys; print(f'compat: python {sys.version.split()[0]}"
-                f" torch {{torch.__version__}}')")
+    versions = session.run("python", "-c", "import torch, sys; print(sys.version.split()[0], "
+                           "torch.__version__)", silent=True).split()
     quick = os.environ.get("GUIDE_COMPAT") == "main"
-    session.run("pytest", "-q", *session.posargs, env=ENV)
+    started = time.monotonic()
+    tests = session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs, env=ENV,
+                        silent=True)
+    print(tests[-2000:])
+    summary = tests.strip().splitlines()[-1].strip("= ")
     examples = (["examples/plot_ddp_vs_fsdp2.py"] if quick
                 else sorted(str(p) for p in Path("examples").glob("plot_*.py")))
     for example in examples:
         session.run("python", example, env=ENV)
-    session.log(f"compat: torch {torch}: tests and {len(examples)} example(s) passed")
+    _record_compat({"python": versions[0], "torch": versions[1], "tests": summary,
+                    "examples": [Path(e).stem for e in examples],
+                    "minutes": round((time.monotonic() - started) / 60, 1),
+                    "date": datetime.date.today().isoformat()})
+    session.log(f"compat: python {versions[0]}, torch {versions[1]}: {summary}; "
+                f"{len(examples)} example(s) passed")
+
+
+def _record_compat(run: dict) -> None:
+    """Keep the newest run per (python, torch) in docs/compat_runs.json: the install page states
+    the versions that were run from this file, not from memory."""
+    path = Path("docs/compat_runs.json")
+    runs = json.loads(path.read_text()) if path.exists() else []
+    runs = [r for r in runs if (r["python"], r["torch"]) != (run["python"], run["torch"])] + [run]
+    path.write_text(json.dumps(sorted(runs, key=lambda r: (r["torch"], r["python"])), indent=1) + "\n")
 
 
 @nox.session
