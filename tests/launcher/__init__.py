@@ -1,0 +1,1 @@
+"""Tests of ``guide.launcher``, one file per module of the package."""
