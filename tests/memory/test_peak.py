@@ -1,4 +1,4 @@
-"""guide.peak_memory: the CPU peak is calibrated against tensors of known size, transient peaks are
+"""guide.memory.peak: the CPU peak is calibrated against tensors of known size, transient peaks are
 caught, the guards refuse what would give a wrong number, and the launcher's budget is honoured."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import guide
-from guide import peak_memory
-from guide.peak_memory import PeakMemory, current_bytes, data_segment_bytes, prepare
+from guide.memory import peak as peak_memory
+from guide.memory.peak import PeakMemory, current_bytes, data_segment_bytes, prepare
 
 MiB = 2**20
 

@@ -1,8 +1,10 @@
-"""How much memory one rank really used during a piece of work (one training step): its peak.
+"""Measured peak memory of one rank during a piece of work (one training step).
 
-Use it inside a rank (a worker run by :func:`guide.launch`, or a plain process)::
+Where :mod:`guide.memory.measured` counts tensor storage between steps, this measures the whole
+process at its worst moment during a step. Use it inside a rank (a worker run by
+:func:`guide.launch`, or a plain process)::
 
-    from guide.peak_memory import PeakMemory, prepare
+    from guide.memory import PeakMemory, prepare
 
     def worker(rank):
         prepare()                       # first thing in the worker (CPU: glibc mmap threshold)
@@ -46,6 +48,8 @@ import re
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+import torch
 
 __all__ = ["MMAP_THRESHOLD", "PeakMemory", "current_bytes", "data_segment_bytes", "is_prepared",
            "prepare"]
@@ -92,8 +96,6 @@ def current_bytes(device: Any = None) -> int:
     """This process's memory now: ``VmRSS`` on CPU, ``torch.cuda.memory_allocated`` on CUDA."""
     dev = _resolve(device)
     if dev.type == "cuda":
-        import torch
-
         return int(torch.cuda.memory_allocated(dev))
     return _status_bytes("VmRSS")
 
@@ -139,8 +141,6 @@ class PeakMemory:
         if _active:
             raise RuntimeError("PeakMemory blocks cannot nest: the process has one high-water mark.")
         if self.device.type == "cuda":
-            import torch
-
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline_bytes = int(torch.cuda.memory_allocated(self.device))
@@ -148,7 +148,7 @@ class PeakMemory:
             _require_proc()
             if not is_prepared():
                 raise RuntimeError(
-                    "PeakMemory on CPU needs guide.peak_memory.prepare() at the start of the worker "
+                    "PeakMemory on CPU needs guide.memory.prepare() at the start of the worker "
                     "(or guide.launch(..., memory_limit_mib=...)): with glibc's default heap, freed "
                     "memory stays resident and the peak measures fragmentation, not the step.")
             gc.collect()
@@ -162,8 +162,6 @@ class PeakMemory:
         global _active
         _active = False
         if self.device.type == "cuda":
-            import torch
-
             torch.cuda.synchronize(self.device)
             high = int(torch.cuda.max_memory_allocated(self.device))
             now = int(torch.cuda.memory_allocated(self.device))
@@ -190,9 +188,7 @@ class PeakMemory:
 # --------------------------------------------------------------------------------------------------
 
 
-def _resolve(device: Any):
-    import torch
-
+def _resolve(device: Any) -> torch.device:
     if device is None:
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")

@@ -1,0 +1,48 @@
+"""Memory per rank, predicted and measured.
+
+* :mod:`guide.memory.predicted` -- **predicted** bytes per rank from parameter shapes (the ZeRO
+  model: DDP, ZeRO-1, ZeRO-2, FSDP2) and the smallest world that fits.
+* :mod:`guide.memory.activations` -- **predicted** activation bytes (TinyLM exactly; Korthikanti's
+  estimate for the presets).
+* :mod:`guide.memory.measured` -- **measured** bytes a live rank holds between steps (tensor storage,
+  DDP's reducer buckets).
+* :mod:`guide.memory.peak` -- **measured** peak of a rank's process during a step.
+* :mod:`guide.memory.state` -- :class:`~guide.memory.StateBytes`, the record both sides produce.
+* :mod:`guide.memory.architectures` -- public model shapes (``PRESETS``).
+* :mod:`guide.memory.cli` -- the ``guide-memory`` command (``python -m guide.memory``).
+"""
+
+from __future__ import annotations
+
+from guide.memory.activations import activation_bytes
+from guide.memory.architectures import PRESETS, Architecture
+from guide.memory.measured import measure, param_shapes, reducer_bucket_bytes, storage_bytes
+from guide.memory.peak import (
+    MMAP_THRESHOLD,
+    PeakMemory,
+    current_bytes,
+    data_segment_bytes,
+    is_prepared,
+    prepare,
+)
+from guide.memory.predicted import (
+    GPU_TOTAL_MEMORY_GIB,
+    PRECISIONS,
+    WORLD_SIZES,
+    Precision,
+    min_world_size,
+    per_rank_state_bytes,
+    state_bytes_by_rank,
+    state_bytes_for_count,
+    unsharded_param_bytes,
+    zero1_partition,
+)
+from guide.memory.state import GB, StateBytes, GiB
+
+__all__ = [
+    "GB", "GPU_TOTAL_MEMORY_GIB", "GiB", "MMAP_THRESHOLD", "PRECISIONS", "PRESETS", "WORLD_SIZES",
+    "Architecture", "PeakMemory", "Precision", "StateBytes", "activation_bytes", "current_bytes",
+    "data_segment_bytes", "is_prepared", "measure", "min_world_size", "param_shapes",
+    "per_rank_state_bytes", "prepare", "reducer_bucket_bytes", "state_bytes_by_rank",
+    "state_bytes_for_count", "storage_bytes", "unsharded_param_bytes", "zero1_partition",
+]

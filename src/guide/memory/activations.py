@@ -1,0 +1,160 @@
+"""Activation memory per transformer layer: the site's model exactly, and Korthikanti's estimate.
+
+*Activations* are the tensors a forward pass saves for the backward pass. Two formulas, both
+**predicted** (from shapes; nothing here touches a tensor):
+
+* :func:`tinylm_terms` / :func:`tinylm_layer_bytes`: the exact bytes one :class:`guide.model.Block`
+  of :class:`guide.model.TinyLM` (fp32) saves, term by term. The activation-memory example counts
+  what autograd really saves (:class:`guide.saved_tensors.SavedTensors`) and asserts equality to
+  the byte over sequence lengths, micro-batch sizes, widths, head counts and both attention
+  implementations (``ModelConfig(attention="sdpa" | "explicit")``); so does
+  ``tests/memory/test_activations.py``.
+* :func:`korthikanti_layer_bytes`: Korthikanti et al., *Reducing Activation Recomputation in Large
+  Transformer Models* (arXiv 2205.05198, §4.1, Eq. 1): ``s*b*h*(34 + 5*a*s/h)`` bytes per layer for
+  a GPT layer with 16-bit activations, 1-byte dropout masks and a 4h MLP. ``fused_attention=True``
+  drops the ``5*a*s*s*b`` attention-score term (FlashAttention and SDPA do not store the scores).
+  The calculator prices activations with it (:func:`activation_bytes`), because a real model's
+  exact terms are unknown to it.
+
+Each :class:`Term` carries both formulas' share of one kind of saved tensor and the reason they
+differ, so a page can print where Korthikanti's 34 comes from and why the site's model is not 34.
+
+**Activation checkpointing** (``checkpoint_wrapper`` / ``torch.utils.checkpoint`` per block): the
+forward keeps only each checkpointed block's input, ``s*b*h`` elements per block
+(:func:`checkpointed_layer_bytes`; measured to the byte by the example); during the backward one
+block at a time is recomputed, so its full activations exist again, on top, while its gradient
+is taken. :func:`activation_bytes` with ``checkpointing="full"`` adds that one layer (an
+assumption about the backward's peak, not measured here; the kept inputs are).
+
+Symbols: ``s`` sequence length, ``b`` micro-batch (sequences per rank), ``h`` hidden size, ``a``
+attention heads, ``m`` MLP width (``4h`` in Korthikanti's model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from guide.memory.architectures import Architecture
+from guide.model import ModelConfig
+from guide.validate import positive_int
+
+__all__ = ["CHECKPOINTING", "KORTHIKANTI_BYTES", "Term", "activation_bytes",
+           "checkpointed_layer_bytes", "korthikanti_layer_bytes", "tinylm_layer_bytes",
+           "tinylm_terms"]
+
+#: Activation-checkpointing policies the calculator prices: ``"none"`` keeps every activation,
+#: ``"full"`` keeps each block's input and recomputes the rest in backward.
+CHECKPOINTING = ("none", "full")
+
+#: Bytes per activation element in Korthikanti's model (16-bit activations).
+KORTHIKANTI_BYTES = 2
+
+_FP32 = 4  # TinyLM runs in fp32; LayerNorm statistics and SDPA's log-sum-exp are fp32 as well
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+    """One kind of tensor a layer saves: TinyLM's bytes (exact), Korthikanti's share of Eq. 1
+    (with attention scores and dropout, i.e. the unfused formula) and why the two differ."""
+
+    name: str
+    tinylm: int
+    korthikanti: int
+    why: str
+
+
+def _sizes(seq_len: int, micro_batch: int) -> tuple[int, int]:
+    return (positive_int("seq_len", seq_len, "tokens per sequence"),
+            positive_int("micro_batch", micro_batch, "sequences per rank"))
+
+
+def tinylm_terms(cfg: ModelConfig, seq_len: int, micro_batch: int) -> list[Term]:
+    """What one :class:`guide.model.Block` saves for backward, term by term, in bytes.
+
+    Exact for the fp32 model on CPU (torch 2.13: SDPA runs its flash kernel for CPU, which saves
+    ``q``, ``k``, ``v``, the output and a log-sum-exp per query and head). Korthikanti's column is
+    Eq. 1's share of each term in 16-bit with dropout, the scores included.
+    """
+    s, b = _sizes(seq_len, micro_batch)
+    if s > cfg.max_seq:
+        raise ValueError(f"seq_len={s} exceeds ModelConfig.max_seq={cfg.max_seq}.")
+    h, a, m, e = cfg.d_model, cfg.n_heads, cfg.d_mlp, _FP32
+    sbh, k = s * b * h, KORTHIKANTI_BYTES
+    explicit = cfg.attention == "explicit"
+    mlp_why = ("fp32, and m = 4h as Korthikanti assumes" if m == 4 * h else
+               f"fp32, and m = {m} where Korthikanti assumes 4h = {4 * h}")
+    return [
+        Term("LayerNorm inputs (2 per layer)", 2 * sbh * e, 2 * sbh * k,
+             "fp32 (4 bytes) where Korthikanti counts 16-bit (2)"),
+        Term("LayerNorm mean and 1/std", 2 * 2 * s * b * _FP32, 0,
+             "Korthikanti leaves out these per-token statistics"),
+        Term("q, k, v (attention inputs)", 3 * sbh * e, 3 * sbh * k,
+             "fp32 (explicit attention saves copies; SDPA saves views of the qkv output)"),
+        Term("QKV projection input", sbh * e, sbh * k, "fp32"),
+        Term("attention probabilities (s x s)", a * s * s * b * e if explicit else 0,
+             2 * a * s * s * b,
+             "fp32 softmax output" if explicit else
+             "SDPA's fused kernel does not store them: it recomputes them in backward"),
+        Term("attention dropout (mask + output)", 0, 3 * a * s * s * b, "no dropout in TinyLM"),
+        Term("causal mask (s x s, bool)", s * s if explicit else 0, 0,
+             "explicit attention saves its masked_fill mask; Korthikanti has no mask"
+             if explicit else "SDPA builds the causal mask inside the kernel"),
+        Term("SDPA log-sum-exp (fp32)", 0 if explicit else a * s * b * _FP32, 0,
+             "explicit attention keeps the probabilities instead" if explicit else
+             "the fused kernel's only extra: one fp32 per query and head, absent from Eq. 1"),
+        Term("output projection input", sbh * e, sbh * k, "fp32"),
+        Term("dropout masks (attention out, MLP out)", 0, 2 * s * b * h, "no dropout in TinyLM"),
+        Term("MLP input (fc1)", sbh * e, sbh * k, "fp32"),
+        Term("GELU input and fc2 input", 2 * s * b * m * e, 2 * s * b * 4 * h * k, mlp_why),
+    ]
+
+
+def tinylm_layer_bytes(cfg: ModelConfig, seq_len: int, micro_batch: int) -> int:
+    """Exact bytes one TinyLM block saves for backward (the sum of :func:`tinylm_terms`).
+
+    With ``m = 4h``: ``64*s*b*h + 16*s*b`` plus ``4*a*s*b`` (SDPA's log-sum-exp) or
+    ``4*a*s*s*b + s*s`` (explicit attention's probabilities and mask).
+    """
+    return sum(t.tinylm for t in tinylm_terms(cfg, seq_len, micro_batch))
+
+
+def checkpointed_layer_bytes(hidden: int, seq_len: int, micro_batch: int,
+                             bytes_per_element: int) -> int:
+    """Bytes a checkpointed block keeps from its forward: its input, ``s*b*h`` elements
+    (``bytes_per_element`` 4 for the fp32 TinyLM, 2 for 16-bit activations)."""
+    s, b = _sizes(seq_len, micro_batch)
+    positive_int("hidden", hidden)
+    positive_int("bytes_per_element", bytes_per_element)
+    return s * b * hidden * bytes_per_element
+
+
+def korthikanti_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, *,
+                            fused_attention: bool) -> int:
+    """Korthikanti et al.'s Eq. 1 per layer: ``s*b*h*34 + 5*a*s*s*b`` bytes (16-bit, dropout,
+    4h MLP); ``fused_attention=True`` drops the ``5*a*s*s*b`` scores term."""
+    s, b = _sizes(seq_len, micro_batch)
+    positive_int("hidden", hidden)
+    positive_int("heads", heads)
+    return s * b * hidden * 34 + (0 if fused_attention else 5 * heads * s * s * b)
+
+
+def activation_bytes(arch: Architecture, seq_len: int, micro_batch: int, *,
+                     fused_attention: bool = True, checkpointing: str = "none") -> int:
+    """Predicted activation bytes per rank for ``arch`` (an estimate: Korthikanti's Eq. 1).
+
+    ``checkpointing="none"``: every layer keeps its activations (``layers`` x
+    :func:`korthikanti_layer_bytes`). ``"full"``: every layer keeps its 16-bit input
+    (:func:`checkpointed_layer_bytes`), plus one layer's full activations, rebuilt during its
+    backward. Data parallelism does not shard activations: each rank holds those of its own
+    micro-batch. A ``seq_len`` beyond the model's ``max_seq_len`` is refused.
+    """
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"unknown activation checkpointing {checkpointing!r}; choose one of "
+                         f"{', '.join(CHECKPOINTING)}.")
+    s = arch.check_seq_len(seq_len)
+    layer = korthikanti_layer_bytes(s, micro_batch, arch.hidden, arch.heads,
+                                    fused_attention=fused_attention)
+    if checkpointing == "none":
+        return arch.layers * layer
+    return (arch.layers * checkpointed_layer_bytes(arch.hidden, s, micro_batch, KORTHIKANTI_BYTES)
+            + layer)
