@@ -15,7 +15,10 @@ from torch import nn
 
 from guide.validate import positive_int
 
-__all__ = ["Block", "ModelConfig", "TinyLM", "build_model"]
+__all__ = ["ATTENTIONS", "Block", "ModelConfig", "TinyLM", "build_model", "explicit_attention"]
+
+#: The attention implementations :class:`ModelConfig` accepts.
+ATTENTIONS = ("sdpa", "explicit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,11 +31,19 @@ class ModelConfig:
     n_heads: int = 4
     d_mlp: int = 256
     max_seq: int = 32
+    #: ``"sdpa"``: ``F.scaled_dot_product_attention`` (fused: the ``seq x seq`` attention
+    #: probabilities are never stored for backward); ``"explicit"``: the same attention written out
+    #: (:func:`explicit_attention`), whose probabilities autograd keeps. Same function, different
+    #: activation memory (the activation-memory example measures both).
+    attention: str = "sdpa"
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            positive_int(f"ModelConfig.{field.name}", value)
+            if field.name != "attention":
+                positive_int(f"ModelConfig.{field.name}", getattr(self, field.name))
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"ModelConfig.attention must be one of {ATTENTIONS}, "
+                             f"got {self.attention!r}.")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"ModelConfig.d_model={self.d_model} must be divisible by n_heads={self.n_heads}.")
@@ -44,6 +55,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads = cfg.n_heads
+        self.explicit_attention = cfg.attention == "explicit"
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)  # a key bias gets no gradient
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
@@ -55,9 +67,22 @@ class Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.explicit_attention:
+            attn = explicit_attention(q, k, v)
+        else:
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal ``softmax(q k^T / sqrt(d_head)) v`` written out, as GPT-2 and nanoGPT do: what
+    ``scaled_dot_product_attention(q, k, v, is_causal=True)`` computes, but autograd keeps the
+    ``(batch, heads, seq, seq)`` probabilities (and a ``seq x seq`` mask) for backward."""
+    t = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1) @ v
 
 
 class TinyLM(nn.Module):

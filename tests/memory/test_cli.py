@@ -1,9 +1,12 @@
-"""guide.memory.cli: the guide-memory table is predict's numbers, labelled; nonsense exits 2 with
-one line; the command is reachable as ``python -m guide.memory`` and as the console script."""
+"""guide.memory.cli: the guide-memory table is the predicted numbers, labelled, in units a person can
+read; ``--json`` carries every field as integer bytes; ``--activation-checkpointing full`` prices
+the block inputs the activation-memory example measured; nonsense exits 2 with one line; the
+command is reachable as ``python -m guide.memory`` and as the console script."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -13,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from guide.memory import PRESETS, GiB, activation_bytes, per_rank_state_bytes
-from guide.memory.cli import main
+from guide.memory.activations import checkpointed_layer_bytes, korthikanti_layer_bytes
+from guide.memory.cli import UNITS, format_bytes, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,12 +28,17 @@ def _row(out: str, label: str, n: int) -> list[str]:
     return match.group(1).split()
 
 
+def _json(argv: list[str], capsys) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 def test_table_is_predicts_numbers_with_buckets(capsys):
     assert main(["--preset", "llama-3-70b", "-N", "1", "8", "--strategy", "ddp", "fsdp2",
-                 "--precision", "bf16_mixed"]) == 0
+                 "--precision", "bf16_mixed", "--unit", "GiB"]) == 0
     out = capsys.readouterr().out
     assert "70,553,706,496 parameters" in out
-    assert "total = params + grads + optimizer + buckets" in out
+    assert "predicted GiB per rank; total = params + grads + optimizer + buckets" in out
     shapes = PRESETS["llama-3-70b"].param_shapes()
     for key, label in (("ddp", "DDP"), ("fsdp2", "FSDP2")):
         sb = per_rank_state_bytes(shapes, key, 8, "bf16_mixed", "adamw", ddp_buckets=True)
@@ -39,14 +48,16 @@ def test_table_is_predicts_numbers_with_buckets(capsys):
 
 
 def test_activations_column(capsys):
-    main(["--preset", "llama-3-8b", "-N", "8", "--strategy", "fsdp2", "--seq-len", "4096"])
+    main(["--preset", "llama-3-8b", "-N", "8", "--strategy", "fsdp2", "--seq-len", "4096",
+          "--unit", "GiB"])
     out = capsys.readouterr().out
     act = activation_bytes(PRESETS["llama-3-8b"], 4096, 1)
     assert "activations" in out and _row(out, "FSDP2", 8)[4] == f"{act / GiB:,.2f}"
 
 
 def test_bucket_view_drops_the_buckets(capsys):
-    base = ["--params", "1e9", "-N", "4", "--strategy", "ddp", "--precision", "fp32"]
+    base = ["--params", "1e9", "-N", "4", "--strategy", "ddp", "--precision", "fp32",
+            "--unit", "GiB"]
     main(base)
     with_buckets = _row(capsys.readouterr().out, "DDP", 4)
     main([*base, "--bucket-view"])
@@ -55,30 +66,131 @@ def test_bucket_view_drops_the_buckets(capsys):
     assert without[-1] == f"{16e9 / GiB:,.2f}" and without[3] == "0.00"
 
 
+# -- units a person can read ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("n", "unit", "text"), [
+    (0, "auto", "0 B"), (1023, "auto", "1,023 B"), (1024, "auto", "1.00 KiB"),
+    (1536 * 2**10, "auto", "1.50 MiB"), (3 * 2**40, "auto", "3.00 TiB"),
+    (5 * 2**50, "auto", "5,120.00 TiB"),
+    (3 * 2**30, "GiB", "3.00"), (2**20, "KiB", "1,024.00"), (12_345, "B", "12,345"),
+])
+def test_format_bytes(n, unit, text):
+    assert format_bytes(n, unit) == text
+
+
+def test_format_bytes_refuses_an_unknown_unit():
+    with pytest.raises(ValueError, match="unknown unit 'GB'; choose auto or one of B, KiB"):
+        format_bytes(1, "GB")
+
+
+def test_a_small_model_reads_in_small_units_not_zeros(capsys):
+    """The issue's example: a ~200k-parameter model printed 0.00 in every GiB column."""
+    argv = ["--hidden", "64", "--vocab", "128", "--layers", "4", "--heads", "4", "--mlp", "256",
+            "-N", "1", "2", "--strategy", "ddp", "fsdp2", "--precision", "fp32"]
+    main(argv)
+    out = capsys.readouterr().out
+    assert "0.00" not in out
+    report = _json(argv, capsys)
+    for row in report["rows"]:
+        cells = _row(out, {"ddp": "DDP", "fsdp2": "FSDP2"}[row["strategy"]], row["N"])
+        want = " ".join(format_bytes(row[c]) for c in ("params", "grads", "optimizer", "buckets",
+                                                      "total"))
+        assert " ".join(cells) == want
+    assert re.search(r"KiB|MiB", out)
+
+
+def test_one_unit_for_all_columns(capsys):
+    main(["--params", "7e9", "-N", "8", "--strategy", "fsdp2", "--unit", "MiB"])
+    out = capsys.readouterr().out
+    assert "predicted MiB per rank" in out
+    assert not re.search(r"\d (KiB|MiB|GiB)", out)  # numbers only; the unit is in the title
+
+
+# -- JSON for scripts ------------------------------------------------------------------------
+
+def test_json_has_every_table_field_as_integer_bytes(capsys):
+    report = _json(["--preset", "llama-3-8b", "-N", "1", "8", "--strategy", "ddp", "fsdp2",
+                    "--seq-len", "8192", "--micro-batch", "2"], capsys)
+    arch = PRESETS["llama-3-8b"]
+    assert report["parameters"] == arch.n_params
+    assert report["precision"] == "bf16_mixed" and report["optimizer"] == "adamw"
+    assert report["ddp_buckets"] is True
+    assert report["activations"] == {"seq_len": 8192, "micro_batch": 2, "attention": "fused",
+                                     "checkpointing": "none",
+                                     "formula": report["activations"]["formula"]}
+    assert len(report["rows"]) == 4
+    act = activation_bytes(arch, 8192, 2)
+    for row in report["rows"]:
+        sb = per_rank_state_bytes(arch.param_shapes(), row["strategy"], row["N"], "bf16_mixed",
+                                  "adamw", ddp_buckets=True)
+        assert row == {"strategy": row["strategy"], "label": row["label"], "N": row["N"],
+                       "params": sb.params, "grads": sb.grads, "optimizer": sb.optimizer,
+                       "buckets": sb.buckets, "activations": act, "total": sb.total + act}
+        assert all(isinstance(row[c], int) for c in ("params", "grads", "optimizer", "buckets",
+                                                     "activations", "total"))
+
+
+def test_json_without_activations_says_none(capsys):
+    report = _json(["--params", "7e9", "-N", "8"], capsys)
+    assert report["activations"] is None and report["model"] == "parameter count"
+    assert {r["activations"] for r in report["rows"]} == {0}
+
+
+# -- activation checkpointing ------------------------------------------------------------------
+
+def test_full_checkpointing_prices_block_inputs_plus_one_recomputed_block(capsys):
+    arch = PRESETS["llama-3-8b"]
+    base = ["--preset", "llama-3-8b", "-N", "8", "--strategy", "fsdp2", "--seq-len", "8192"]
+    none = _json(base, capsys)["rows"][0]["activations"]
+    full_report = _json([*base, "--activation-checkpointing", "full"], capsys)
+    full = full_report["rows"][0]["activations"]
+    layer = korthikanti_layer_bytes(8192, 1, arch.hidden, arch.heads, fused_attention=True)
+    assert none == arch.layers * layer
+    assert full == arch.layers * checkpointed_layer_bytes(arch.hidden, 8192, 1, 2) + layer
+    assert full_report["activations"]["checkpointing"] == "full"
+    main([*base, "--activation-checkpointing", "full"])
+    assert "full checkpointing (estimate)" in capsys.readouterr().out
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
 @pytest.mark.parametrize(("argv", "match"), [
     (["--preset", "llama-9"], "unknown preset"),
     (["--params", "7e9", "-N", "0"], "world_size"),
+    (["--params", "7e9", "-N", "-8"], "world_size"),
     (["--params", "-5"], "positive"),
+    (["--params", "0"], "positive"),
     (["--hidden", "64", "--vocab", "10"], "--layers"),
     (["--params", "7e9", "--strategy", "zero9"], "unknown strategy"),
     (["--params", "7e9", "--seq-len", "128"], "architecture"),
     (["--preset", "gpt2-xl", "--seq-len", "2048"], "max_seq_len=1,024"),
+    (["--preset", "llama-3-8b", "--seq-len", "0"], "seq_len must be a positive integer"),
     (["--preset", "llama-3-8b", "--seq-len", "128", "--micro-batch", "0"], "micro_batch"),
     (["--params", "7e9", "--optimizer", "adam"], "unknown optimizer"),
+    (["--preset", "llama-3-8b", "--seq-len", "128", "--activation-checkpointing", "selective"],
+     "unknown --activation-checkpointing 'selective'; choose one of none, full"),
+    (["--preset", "llama-3-8b", "--activation-checkpointing", "full"], "give --seq-len too"),
+    (["--params", "7e9", "--unit", "GB"], "unknown --unit 'GB'; choose auto or one of B, KiB"),
 ])
 def test_rejects_nonsense(argv, match, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert match in err and len(err.strip().splitlines()) == 1
+    for extra in ([], ["--json"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, *extra])
+        assert exc.value.code == 2
+        captured = capsys.readouterr()
+        assert match in captured.err and len(captured.err.strip().splitlines()) == 1
+        assert captured.out == ""
+
+
+def test_units_are_the_binary_ones():
+    assert UNITS == {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 def test_python_dash_m():
-    run = subprocess.run([sys.executable, "-m", "guide.memory", "--params", "7e9", "-N", "8"],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "guide.memory", "--params", "7e9", "-N", "8",
+                          "--json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "7,000,000,000 parameters" in run.stdout
+    assert json.loads(run.stdout)["parameters"] == 7_000_000_000
 
 
 def test_console_script_points_at_main():

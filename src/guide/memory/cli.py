@@ -1,34 +1,58 @@
 """The ``guide-memory`` command: predicted bytes per rank for DDP, ZeRO-1 and FSDP2, as a table.
 
-``guide-memory --preset llama-3-8b -N 1 8 64 --seq-len 8192`` (or ``python -m guide.memory ...``).
-Every number comes from :mod:`guide.memory.predicted`; bad input exits with status 2 and one line
-naming the fix, never a table.
+``guide-memory --preset llama-3-8b -N 1 8 64 --seq-len 8192 --activation-checkpointing full``
+(or ``python -m guide.memory ...``). Every number comes from :mod:`guide.memory.predicted` (model
+state) and :mod:`guide.memory.activations` (activations: Korthikanti's estimate, and with
+``--activation-checkpointing full`` the block inputs the activation-memory example measures, plus
+one block recomputed during its backward).
+
+Output: a table whose every value carries its own unit (B, KiB, MiB, GiB, TiB, chosen per value),
+or one unit for all (``--unit GiB``), or ``--json`` for scripts (every field of the table, bytes as
+integers). Bad input exits with status 2 and one line naming the fix, never a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
-from guide.memory.activations import activation_bytes
+from guide.memory.activations import CHECKPOINTING, activation_bytes
 from guide.memory.architectures import PRESETS, Architecture
 from guide.memory.predicted import PRECISIONS, per_rank_state_bytes, state_bytes_for_count
-from guide.memory.state import GiB
 from guide.report import table
 from guide.sharding import Strategy
 from guide.training import OPTIMIZERS
 
-__all__ = ["main"]
+__all__ = ["UNITS", "format_bytes", "main"]
 
-_COLUMNS = ("strategy", "N", "params", "grads", "optimizer", "buckets", "activations", "total")
+#: Binary units, by name: what ``--unit`` accepts besides ``auto``.
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+_PARTS = ("params", "grads", "optimizer", "buckets", "activations", "total")
+
+
+def format_bytes(n: int, unit: str = "auto") -> str:
+    """``n`` bytes for a person: ``"512 B"``, ``"850.50 KiB"``, ``"1.23 GiB"``.
+
+    ``unit="auto"`` picks the largest unit in which the value is at least 1, so a 217,728-parameter
+    model reads in KiB and MiB, not as ``0.00`` GiB; a named unit (a key of :data:`UNITS`) prints
+    the number alone, for columns that share one unit.
+    """
+    if unit == "auto":
+        unit = next((u for u in reversed(UNITS) if abs(n) >= UNITS[u]), "B")
+        return f"{n:,} B" if unit == "B" else f"{n / UNITS[unit]:,.2f} {unit}"
+    if unit not in UNITS:
+        raise ValueError(f"unknown unit {unit!r}; choose auto or one of {', '.join(UNITS)}.")
+    return f"{n:,}" if unit == "B" else f"{n / UNITS[unit]:,.2f}"
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="guide-memory",
-        description="Predicted per-rank memory (GiB = 2**30 bytes) for DDP, ZeRO-1 and FSDP2, from "
-                    "a parameter count, an architecture or a preset.",
+        description="Predicted per-rank memory for DDP, ZeRO-1 and FSDP2, from a parameter count, "
+                    "an architecture or a preset.",
         epilog="presets: " + ", ".join(PRESETS))
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--params", type=float, help="parameter count, e.g. 70e9 (no shapes: ideal "
@@ -53,8 +77,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank (default 1)")
     p.add_argument("--unfused-attention", action="store_true",
                    help="keep the 5as/h attention-score term of Korthikanti's formula")
+    p.add_argument("--activation-checkpointing", default="none", metavar="{none,full}",
+                   help="none (default): every layer keeps its activations; full: each block "
+                        "keeps its input and one block at a time is recomputed in backward")
     p.add_argument("--bucket-view", action="store_true",
                    help="DDP with gradient_as_bucket_view=True: no separate gradient buckets")
+    p.add_argument("--unit", default="auto",
+                   help="auto (default: a unit per value) or one of " + ", ".join(UNITS))
+    p.add_argument("--json", action="store_true",
+                   help="print JSON instead of the table (bytes as integers)")
     return p
 
 
@@ -73,14 +104,33 @@ def _architecture(args: argparse.Namespace) -> Architecture | None:
     return None
 
 
-def _rows(args: argparse.Namespace, arch: Architecture | None, n_params: int) -> list[dict]:
-    act = 0
-    if args.seq_len is not None:
-        if arch is None:
-            raise ValueError("activation memory needs an architecture (--preset or --hidden ...), "
-                             "not just --params.")
-        act = activation_bytes(arch, args.seq_len, args.micro_batch,
-                               fused_attention=not args.unfused_attention)
+def _n_params(args: argparse.Namespace, arch: Architecture | None) -> int:
+    if arch is not None:
+        return arch.n_params
+    if args.params != args.params or args.params < 1 or args.params != int(args.params):
+        raise ValueError(f"--params must be a positive whole number, got {args.params!r}.")
+    return int(args.params)
+
+
+def _activations(args: argparse.Namespace, arch: Architecture | None) -> int:
+    if args.activation_checkpointing not in CHECKPOINTING:
+        raise ValueError(f"unknown --activation-checkpointing {args.activation_checkpointing!r}; "
+                         f"choose one of {', '.join(CHECKPOINTING)}.")
+    if args.seq_len is None:
+        if args.activation_checkpointing != "none":
+            raise ValueError("--activation-checkpointing prices activations: give --seq-len too.")
+        return 0
+    if arch is None:
+        raise ValueError("activation memory needs an architecture (--preset or --hidden ...), "
+                         "not just --params.")
+    return activation_bytes(arch, args.seq_len, args.micro_batch,
+                            fused_attention=not args.unfused_attention,
+                            checkpointing=args.activation_checkpointing)
+
+
+def _rows(args: argparse.Namespace, arch: Architecture | None, n_params: int,
+          act: int) -> list[dict]:
+    """One row per (strategy, N): the strategy's key and label, N, and every part in bytes."""
     rows = []
     for key in args.strategy:
         strategy = Strategy.parse(key)
@@ -91,38 +141,57 @@ def _rows(args: argparse.Namespace, arch: Architecture | None, n_params: int) ->
             else:
                 sb = per_rank_state_bytes(arch.param_shapes(), strategy, n, args.precision,
                                           args.optimizer, ddp_buckets=not args.bucket_view)
-            gib = sb.gib()
-            rows.append({"strategy": strategy.label, "N": n, "params": gib["params"],
-                         "grads": gib["grads"], "optimizer": gib["optimizer"],
-                         "buckets": gib["buckets"], "activations": act / GiB,
-                         "total": (sb.total + act) / GiB})
+            rows.append({"strategy": strategy.value, "label": strategy.label, "N": n,
+                         "params": sb.params, "grads": sb.grads, "optimizer": sb.optimizer,
+                         "buckets": sb.buckets, "activations": act, "total": sb.total + act})
     return rows
 
 
+def _report(args: argparse.Namespace, n_params: int) -> dict:
+    """Everything the table states, for ``--json``."""
+    return {
+        "model": args.preset or ("architecture" if args.hidden is not None else "parameter count"),
+        "parameters": n_params,
+        "precision": args.precision,
+        "optimizer": args.optimizer,
+        "ddp_buckets": not args.bucket_view,
+        "activations": None if args.seq_len is None else {
+            "seq_len": args.seq_len, "micro_batch": args.micro_batch,
+            "attention": "unfused" if args.unfused_attention else "fused",
+            "checkpointing": args.activation_checkpointing,
+            "formula": "Korthikanti et al., arXiv 2205.05198, Eq. 1 (16-bit activations)"},
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the per-rank table; exit 2 with a one-line message on bad input."""
+    """Print the per-rank table (or ``--json``); exit 2 with a one-line message on bad input."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if args.unit != "auto" and args.unit not in UNITS:
+            raise ValueError(f"unknown --unit {args.unit!r}; choose auto or one of "
+                             f"{', '.join(UNITS)}.")
         arch = _architecture(args)
-        if arch is None:
-            if args.params != args.params or args.params < 1 or args.params != int(args.params):
-                raise ValueError(f"--params must be a positive whole number, got {args.params!r}.")
-            n_params = int(args.params)
-        else:
-            n_params = arch.n_params
-        rows = _rows(args, arch, n_params)
+        n_params = _n_params(args, arch)
+        rows = _rows(args, arch, n_params, _activations(args, arch))
     except ValueError as err:
         parser.exit(2, f"guide-memory: error: {err}\n")
-    what = args.preset or ("architecture" if arch else "parameter count")
+    if args.json:
+        print(json.dumps({**_report(args, n_params), "rows": rows}, indent=2))
+        return 0
     act = args.seq_len is not None
-    print(f"{what}: {n_params:,} parameters; {PRECISIONS[args.precision].label} "
-          f"({args.precision}), {OPTIMIZERS[args.optimizer].label}"
+    print(f"{_report(args, n_params)['model']}: {n_params:,} parameters; "
+          f"{PRECISIONS[args.precision].label} ({args.precision}), "
+          f"{OPTIMIZERS[args.optimizer].label}"
           + (f"; activations of {args.micro_batch} x {args.seq_len:,} tokens, "
-             f"{'unfused' if args.unfused_attention else 'fused'} attention (estimate)" if act else ""))
-    columns = [c for c in _COLUMNS if act or c != "activations"]
-    print(table(rows, columns, formats={c: ",.2f" for c in columns[2:]},
-                title="predicted GiB per rank; total = " + " + ".join(columns[2:-1])))
+             f"{'unfused' if args.unfused_attention else 'fused'} attention, "
+             f"{args.activation_checkpointing} checkpointing (estimate)" if act else ""))
+    parts = [c for c in _PARTS if act or c != "activations"]
+    cells = [{"strategy": r["label"], "N": r["N"], **{c: format_bytes(r[c], args.unit)
+                                                    for c in parts}} for r in rows]
+    unit = "bytes" if args.unit == "auto" else args.unit
+    print(table(cells, ["strategy", "N", *parts],
+                title=f"predicted {unit} per rank; total = " + " + ".join(parts[:-1])))
     print("buckets: DDP's gradient buckets, held by DDP and ZeRO-1 "
           + ("with gradient_as_bucket_view=False (the default); --bucket-view drops them."
              if not args.bucket_view else "— none: --bucket-view (gradient_as_bucket_view=True)."))
