@@ -1,5 +1,9 @@
 """
 From FSDP1 to FSDP2, executed side by side
+==========================================
+
+Each row of the migration table below runs on both sides on this page.
+
 =======================================================  ===============================================
 FSDP1 (``FullyShardedDataParallel(model, ...)``)         FSDP2 (``fully_shard(module, ...)``)
 =======================================================  ===============================================
