@@ -5,29 +5,32 @@ Communication, counted: 2Ψ vs 3Ψ
 ZeRO (Rajbhandari et al., arXiv 1910.02054, §7) prices data parallelism at **2Ψ elements per rank
 per step** for Ψ parameters: DDP's gradient all-reduce is a reduce-scatter plus an all-gather, Ψ each.
 Full sharding (ZeRO-3, FSDP2 with ``reshard_after_forward=True``) pays **3Ψ**: an all-gather of the
-parameters in forward, another in backward, and a reduce-scatter of the gradients. That is the
-famous 1.5×.
+parameters in forward, another in backward, and a reduce-scatter of the gradients: the famous
+"one and a half times DDP".
 
-The 1.5× is a ratio of *elements*. Bytes depend on dtypes: FSDP2 with bf16 parameters and an fp32
+That ratio counts *elements*. Bytes depend on dtypes: FSDP2 with bf16 parameters and an fp32
 reduce-scatter moves the same bytes as DDP's fp32 all-reduce. And what a backend puts on the wire
 depends on how it implements each collective. Nobody counts this; this page does, on every build:
 
 * it records, inside each rank, every collective DDP, ZeRO-1 and four FSDP2 variants issue per
   training step (kind, dtype, elements, bytes, phase of the step);
 * it **fails the build** unless each matches the analytical model (FSDP2's padding included) within
-  :data:`guide.comm.ELEMENT_TOL`, and unless the bytes each rank actually wrote (``/proc/self/io``)
-  match what gloo should send within :data:`guide.comm.WIRE_TOL`;
-* it computes the element ratio, the byte ratio, and the bytes gloo and nccl move;
-* it turns the model into a lower-bound time per step for a 70B model on NVLink and InfiniBand.
+  :data:`guide.checks.ELEMENT_TOL`, and unless the bytes each rank actually wrote
+  (``/proc/self/io``) match what gloo should send within :data:`guide.checks.WIRE_TOL`;
+* it computes the element ratio, the byte ratio, and the bytes gloo and nccl move.
+
+What these bytes cost in seconds on real clusters is the next page's subject
+(:ref:`sphx_glr_auto_examples_plot_step_time_estimates.py`).
 """
 
 # %%
 # The model, with padding on purpose
 # -----------------------------------
-# The site's :class:`~guide.model.TinyLM`, with a vocabulary of 127 tokens: an odd number of rows in
-# the token embedding and the LM head. FSDP2 shards dim 0 with ``torch.chunk`` semantics and pads the
-# last shard, and its collectives move the *padded* buffers, so the model below has to get the
-# padding right to pass.
+# The site's :class:`~guide.model.TinyLM`, with ``vocab=127`` tokens: an odd number of rows in
+# the token embedding and the LM head. FSDP2 shards dim 0 with ``torch.chunk`` semantics
+# (ceil-sized chunks, so the last ranks get what is left) and pads every shard to the full chunk
+# size, and its collectives move the *padded* buffers, so the model below has to get the padding
+# right to pass.
 import math
 from collections import Counter
 
@@ -39,11 +42,11 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 import guide
 from guide import checks, comm
-from guide.comm import CollectiveLog, FSDPGroup
+from guide.comm import CollectiveLog
 from guide.data import synthetic_batches
-from guide.memory import PRESETS
 from guide.model import ModelConfig, build_model
-from guide.model_state import param_shapes
+from guide.plotting import style
+from guide.report import table
 from guide.sharding import apply_ddp, apply_fsdp2
 from guide.training import make_optimizer, train_steps
 
@@ -55,7 +58,7 @@ CFG = ModelConfig(vocab=127, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=WARMUP + STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)
 
 model = build_model(CFG)
-shapes = param_shapes(model)
+shapes = [p.shape for p in model.parameters()]
 PSI = sum(math.prod(s) for s in shapes)
 padded = sum(comm.fsdp2_padded_numel(s, WORLD_SIZE) for s in shapes)
 print(f"Ψ = {PSI:,} parameters; FSDP2's buffers at {WORLD_SIZE} ranks hold {padded:,} elements "
@@ -170,18 +173,18 @@ MODELS = {
 # (and the call count, except DDP's all-reduce, whose bucketing is DDP's choice), then every rank's
 # ``wchar`` bytes per step against what gloo should send: the ring cost of each call, with gloo's
 # reduce-scatter priced as the full all-reduce gloo actually runs.
-table = {}
+stats = {}
 for name, ranks in results.items():
     run = f"{name} x{WORLD_SIZE}"
     records = ranks[0][0]
-    gaps = comm.check_volume(run, records, MODELS[name], STEPS)
+    gaps = checks.check_volume(run, records, MODELS[name], STEPS)
     gloo_model = sum(comm.gloo_bytes(c) for c in MODELS[name])
     wires = [w for _, w in ranks]
     if None in wires:  # nccl under torchrun: GPU traffic writes no file descriptor, nothing to read
         wire = [math.nan]
     else:
-        wire = comm.check_wire(run, wires, gloo_model, STEPS)
-    table[name] = {
+        wire = checks.check_wire(run, wires, gloo_model, STEPS)
+    stats[name] = {
         "calls": Counter(c.kind for c in records),
         "gap": max(g for *_, g in gaps.values()),
         "zero_elems": sum(comm.zero_volume(c) for c in records) / STEPS,
@@ -192,17 +195,19 @@ for name, ranks in results.items():
         "phases": Counter((c.kind, c.phase) for c in records),
     }
 
-print(f"Per rank per step, {WORLD_SIZE} ranks, Ψ = {PSI:,}. 'ZeRO elements' counts an all-reduce "
-      "twice (reduce-scatter + all-gather); 'bytes asked' is the same count in bytes (dtype-aware); "
-      "'gloo wire' is measured (wchar, mean over ranks); the models are the ring cost per rank.\n")
-print(f"{'run':<20}{'AG':>4}{'RS':>4}{'AR':>4}{'BC':>4}{'ZeRO elems':>12}{'model gap':>10}"
-      f"{'bytes asked':>13}{'gloo wire':>11}{'gloo model':>11}{'nccl model':>11}")
-for name, row in table.items():
-    c = row["calls"]
-    print(f"{name:<20}" + "".join(f"{c[k] / STEPS:>4g}" for k in
-                                  ("all_gather", "reduce_scatter", "all_reduce", "broadcast"))
-          + f"{row['zero_elems'] / PSI:>11.3f}Ψ{row['gap']:>10.2%}{row['asked_bytes']:>13,.0f}"
-          f"{row['gloo_wire']:>11,.0f}{row['gloo_model']:>11,.0f}{row['nccl_model']:>11,.0f}")
+KINDS = {"AG": "all_gather", "RS": "reduce_scatter", "AR": "all_reduce", "BC": "broadcast"}
+print(f"Per rank per step, {WORLD_SIZE} ranks, Ψ = {PSI:,}. AG/RS/AR/BC: calls per step. "
+      "'ZeRO elements' counts an all-reduce twice (reduce-scatter + all-gather); 'bytes asked' is "
+      "the same count in bytes (dtype-aware); 'gloo wire' is measured (wchar, mean over ranks); the "
+      "models are the ring cost per rank.\n")
+print(table([[name, *(row["calls"][k] / STEPS for k in KINDS.values()), row["zero_elems"] / PSI,
+              row["gap"], row["asked_bytes"], row["gloo_wire"], row["gloo_model"], row["nccl_model"]]
+             for name, row in stats.items()],
+            ["run", *KINDS, "ZeRO elements (Ψ)", "model gap", "bytes asked", "gloo wire",
+             "gloo model", "nccl model"],
+            formats={k: "g" for k in KINDS} | {"ZeRO elements (Ψ)": ".3f", "model gap": ".2%",
+                                                 "bytes asked": ",.0f", "gloo wire": ",.0f",
+                                                 "gloo model": ",.0f", "nccl model": ",.0f"}))
 print("\nAll checks passed: every run issued the collectives the model predicts, and every rank "
       "wrote the bytes gloo should send.")
 
@@ -210,9 +215,14 @@ print("\nAll checks passed: every run issued the collectives the model predicts,
 # Where in the step each collective runs, as the log labelled it (calls per step): FSDP2 gathers
 # in forward and, when it reshards, again in backward; ZeRO-1's broadcasts run inside the
 # optimizer's step.
-for name, row in table.items():
-    print(f"{name:<20}" + ", ".join(f"{kind} in {phase}: {n / STEPS:g}"
-                                    for (kind, phase), n in sorted(row["phases"].items())))
+PHASES = {"AG forward": ("all_gather", "forward"), "AG backward": ("all_gather", "backward"),
+          "RS backward": ("reduce_scatter", "backward"), "AR backward": ("all_reduce", "backward"),
+          "BC optimizer": ("broadcast", "optimizer")}
+print(table([[name, *(row["phases"][key] / STEPS for key in PHASES.values())]
+             for name, row in stats.items()], ["run", *PHASES], formats=dict.fromkeys(PHASES, "g")))
+checks.expect(all(sum(row["phases"][key] for key in PHASES.values()) == sum(row["calls"].values())
+                  for row in stats.values()), "comm phases", f"x{WORLD_SIZE}",
+              "a collective ran in a phase the table above does not show.")
 
 # %%
 # 2Ψ vs 3Ψ: elements, bytes, and the wire
@@ -220,27 +230,26 @@ for name, row in table.items():
 # Ratios to DDP, all computed from the counts above. Elements are ZeRO's measure; bytes add the
 # dtypes; the last two columns are what each rank sends on gloo (measured) and what a backend with a
 # native reduce-scatter, such as nccl, would send (ring model).
-ddp = table["DDP"]
-print(f"{'run':<20}{'elements':>10}{'bytes':>8}{'gloo wire':>11}{'nccl wire':>11}")
-for name, row in table.items():
-    print(f"{name:<20}{row['zero_elems'] / ddp['zero_elems']:>9.3f}×"
-          f"{row['asked_bytes'] / ddp['asked_bytes']:>7.3f}×{row['gloo_wire'] / ddp['gloo_wire']:>10.3f}×"
-          f"{row['nccl_model'] / ddp['nccl_model']:>10.3f}×")
-fp32, bf16 = table["FSDP2 reshard, fp32"], table["FSDP2 reshard, bf16"]
+ddp = stats["DDP"]
+RATIOS = {"elements": "zero_elems", "bytes": "asked_bytes", "gloo wire": "gloo_wire",
+          "nccl wire": "nccl_model"}
+print(table([[name, *(row[key] / ddp[key] for key in RATIOS.values())] for name, row in stats.items()],
+            ["run", *RATIOS], formats=dict.fromkeys(RATIOS, ".3f")))
+fp32, bf16 = stats["FSDP2 reshard, fp32"], stats["FSDP2 reshard, bf16"]
 CLAIMS = [  # (the claim this page makes, the measured ratio, the ratio the claim says)
     ("FSDP2 resharding asks for 1.5x DDP's elements (3Ψ vs 2Ψ)",
      fp32["zero_elems"] / ddp["zero_elems"], 1.5),
     ("FSDP2 bf16 all-gathers + fp32 reduce-scatter move DDP's fp32 bytes",
      bf16["asked_bytes"] / ddp["asked_bytes"], 1.0),
     ("FSDP2 without resharding asks for DDP's elements (2Ψ)",
-     table["FSDP2 keep, fp32"]["zero_elems"] / ddp["zero_elems"], 1.0),
+     stats["FSDP2 keep, fp32"]["zero_elems"] / ddp["zero_elems"], 1.0),
     ("on gloo FSDP2 resharding sends 2x DDP's bytes, not 1.5x",
      fp32["gloo_wire"] / ddp["gloo_wire"], 2.0),
 ]
-for claim, measured, said in CLAIMS:
-    if not math.isnan(measured) and abs(measured / said - 1) > comm.ELEMENT_TOL:
-        raise checks.CheckFailed(f"[comm ratio] {claim}: measured {measured:.3f}x at "
-                                 f"{WORLD_SIZE} ranks, more than {comm.ELEMENT_TOL:.0%} from {said}x.")
+for claim, measured, said in CLAIMS:  # nan: no wire bytes under nccl (see above)
+    checks.expect(math.isnan(measured) or abs(measured / said - 1) <= checks.ELEMENT_TOL,
+                  "comm ratio", claim, f"measured {measured:.3f}x at {WORLD_SIZE} ranks, more "
+                  f"than {checks.ELEMENT_TOL:.0%} from {said}x.")
 print(f"\nFSDP2 with resharding asks for {fp32['zero_elems'] / ddp['zero_elems']:.3f}× DDP's "
       f"elements: ZeRO's 3Ψ/2Ψ, plus {padded / PSI - 1:.3%} of padding. In fp32 that is also "
       f"{fp32['asked_bytes'] / ddp['asked_bytes']:.3f}× the bytes; with bf16 all-gathers and an fp32 "
@@ -248,59 +257,48 @@ print(f"\nFSDP2 with resharding asks for {fp32['zero_elems'] / ddp['zero_elems']
       f"On gloo, which runs the reduce-scatter as a full all-reduce, the fp32 run sent "
       f"{fp32['gloo_wire'] / ddp['gloo_wire']:.3f}× DDP's bytes; with nccl's native reduce-scatter "
       f"the ring model gives {fp32['nccl_model'] / ddp['nccl_model']:.3f}×. Without resharding "
-      f"FSDP2 asks for {table['FSDP2 keep, fp32']['zero_elems'] / ddp['zero_elems']:.3f}× (ZeRO-2's "
-      f"2Ψ). torch's ZeRO-1 asks for {table['ZeRO-1']['zero_elems'] / ddp['zero_elems']:.3f}×, more "
+      f"FSDP2 asks for {stats['FSDP2 keep, fp32']['zero_elems'] / ddp['zero_elems']:.3f}× (ZeRO-2's "
+      f"2Ψ). torch's ZeRO-1 asks for {stats['ZeRO-1']['zero_elems'] / ddp['zero_elems']:.3f}×, more "
       f"than the paper's P_os, which costs what DDP costs: it keeps DDP's full all-reduce and adds a "
       f"broadcast of every parameter, where P_os would reduce-scatter and all-gather.")
 
 # %%
-# The same, drawn: bars are the bytes one rank sends per step under the ring model, stacked by
-# collective; diamonds are what gloo actually wrote. The gap between a diamond and its bar is
-# gloo's reduce-scatter-as-all-reduce; DDP's and ZeRO-1's sit on their bars.
-fig = comm.bytes_chart(MODELS, {n: row["gloo_wire"] for n, row in table.items()}, WORLD_SIZE)
-plt.show()
+# The same, drawn
+# ---------------
+# Bars are the bytes one rank sends per step under the ring model, stacked by collective; diamonds
+# are what gloo actually wrote. The gap between a diamond and its bar is gloo's
+# reduce-scatter-as-all-reduce; DDP's and ZeRO-1's sit on their bars.
 
-# %%
-# What this means at 70B: a lower bound
-# -------------------------------------
-# The same model, applied to Llama-3-70B's parameter shapes (:data:`guide.memory.PRESETS`), priced
-# with the ring cost :func:`guide.comm.ring_bytes`, ``(N-1)/N·S`` per all-gather or
-# reduce-scatter and twice that per all-reduce, divided by the bandwidth of one GPU's link:
-# 8 GPUs on NVLink at 450 GB/s per direction (H100/H200 SXM: 900 GB/s bidirectional), or 64 GPUs
-# with one 400 Gb/s InfiniBand NIC each. This is a **lower bound**: no latency, perfect bandwidth,
-# no overlap, and nccl's real bus bandwidth is below the link rate. Next to it, the compute of one
-# step, ``6·Ψ·tokens``, at a stated fraction of the H100's dense bf16 peak. Communication that
-# FSDP2 overlaps with compute hides only while it is shorter than the compute.
-ARCH = PRESETS["llama-3-70b"]
-big = ARCH.param_shapes()
-LINKS = [comm.Link("NVLink, 8 GPUs", 450e9, 8), comm.Link("IB 400 Gb/s, 64 GPUs", 400e9 / 8, 64)]
-TOKENS_PER_GPU = 8192  # tokens each GPU processes per step (e.g. 2 sequences of 4,096)
-PEAK, FRACTION = 989e12, 0.40  # H100 SXM dense bf16 FLOP/s; a typical 40 % of it
-BIG = {  # strategy -> one step's collectives at N ranks
-    "DDP, fp32 grads": lambda n: comm.ddp_step(big, n),
-    "ZeRO-1, fp32": lambda n: comm.zero1_step(big, n),
-    "FSDP2 reshard, fp32": lambda n: comm.fsdp2_step([FSDPGroup.of(big, True)], n),
-    "FSDP2 reshard, bf16 AG + fp32 RS": lambda n: comm.fsdp2_step(
-        [FSDPGroup.of(big, True)], n, torch.bfloat16, torch.float32),
-    "FSDP2 reshard, bf16 AG + bf16 RS": lambda n: comm.fsdp2_step(
-        [FSDPGroup.of(big, True)], n, torch.bfloat16, torch.bfloat16),
-    "FSDP2 keep, bf16 AG + fp32 RS": lambda n: comm.fsdp2_step(
-        [FSDPGroup.of(big, False)], n, torch.bfloat16, torch.float32),
-}
-compute = comm.compute_seconds(ARCH.n_params, TOKENS_PER_GPU, PEAK, FRACTION)
-print(f"Llama-3-70B: Ψ = {ARCH.n_params / 1e9:.2f}e9. Lower bound on communication per step "
-      f"(seconds), ring cost at link rate:\n")
-print(f"{'strategy':<34}" + "".join(f"{link.name:>24}" for link in LINKS))
-seconds = {name: [comm.lower_bound_seconds(step(link.world_size), link) for link in LINKS]
-           for name, step in BIG.items()}
-for name, row in seconds.items():
-    print(f"{name:<34}" + "".join(f"{t:>24.2f}" for t in row))
-print(f"\nCompute per step: 6 × Ψ × {TOKENS_PER_GPU:,} tokens per GPU at {FRACTION:.0%} of "
-      f"{PEAK / 1e12:,.0f} TFLOP/s = {compute:.2f} s.")
-nv, ib = seconds["FSDP2 reshard, bf16 AG + fp32 RS"]
-print(f"Inside a node FSDP2's traffic (bf16 gathers, fp32 reduce-scatter) needs at least "
-      f"{nv / compute:.0%} of the compute time; across {LINKS[1].world_size} GPUs on InfiniBand "
-      f"at least {ib / compute:.0%}" + (
-          ", so even perfect overlap leaves it communication-bound there: why large runs shard "
-          "within a node (HSDP) or add tensor parallelism." if ib > compute else
-          ", which perfect overlap could still hide behind compute."))
+#: One colour per collective kind (strategies have theirs in guide.sharding.Strategy).
+KIND_COLORS = {"all_gather": "#9467bd", "reduce_scatter": "#ff7f0e", "all_reduce": "#1f77b4",
+               "broadcast": "#2ca02c"}
+
+
+def bytes_chart(runs: dict, measured_wire: dict, world_size: int, unit: float = 2**10,
+                unit_name: str = "KiB") -> plt.Figure:
+    """Bars: ring-model bytes per rank per step, stacked by kind (``runs``: one step of collectives
+    each). Diamonds: what gloo wrote per rank per step (``measured_wire``)."""
+    style()
+    fig, ax = plt.subplots(figsize=(8.6, 4.4))
+    names = list(runs)
+    labelled: set[str] = set()  # one legend entry per kind: on the first bar that has it
+    for i, name in enumerate(names):
+        bottom = 0.0
+        for kind, color in KIND_COLORS.items():
+            b = sum(comm.ring_bytes(c, world_size) for c in runs[name] if c.kind == kind) / unit
+            if b:
+                ax.bar(i, b, bottom=bottom, color=color, width=0.6,
+                       label=None if kind in labelled else kind.replace("_", "-"))
+                labelled.add(kind)
+                bottom += b
+    ax.scatter(range(len(names)), [measured_wire[n] / unit for n in names], marker="D", s=60,
+               color="black", zorder=3, label="gloo, measured (wchar)")
+    ax.set_xticks(range(len(names)), [n.replace(", ", "\n") for n in names], fontsize=9)
+    ax.set_ylabel(f"sent per rank per step ({unit_name})")
+    ax.set_title(f"Bytes on the wire per step, {world_size} ranks: ring model (bars) vs gloo (◆)")
+    ax.legend(loc="upper left", fontsize=9)
+    return fig
+
+
+fig = bytes_chart(MODELS, {n: row["gloo_wire"] for n, row in stats.items()}, WORLD_SIZE)
+plt.show()

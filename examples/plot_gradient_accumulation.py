@@ -22,7 +22,7 @@ This page checks three things and **fails the docs build** if one does not hold:
 # The data: one big batch, or k micro-batches of it
 # -------------------------------------------------
 # The reference takes each global batch of ``K * B`` sequences in one step.
-# :func:`guide.steps.micro_batches` cuts the *same* batch into ``K`` micro-batches of ``B``; each
+# :func:`guide.data.micro_batches` cuts the *same* batch into ``K`` micro-batches of ``B``; each
 # rank then takes its slice of each micro-batch. The model is the wider configuration of the
 # ``reshard_after_forward`` page, so that a full set of gradients is megabytes.
 import contextlib
@@ -32,18 +32,19 @@ import matplotlib.pyplot as plt
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, comm, knob_plots, sharding
+from guide import checks, comm, sharding
 from guide.comm import CollectiveLog
-from guide.data import rank_slice, synthetic_batches
+from guide.data import micro_batches, rank_slice, synthetic_batches
+from guide.dtensor import full_state, local_tensor
+from guide.memory import MMAP_THRESHOLD, PeakMemory, prepare
 from guide.model import ModelConfig, build_model
-from guide.model_state import local_tensor
-from guide.peak_memory import MMAP_THRESHOLD, PeakMemory, prepare
-from guide.steps import micro_batches, next_token_loss
-from guide.dtensor import full_state
-from guide.training import make_optimizer, mean_over_ranks, reference_run
+from guide.plotting import style
+from guide.report import table
+from guide.sharding import Strategy
+from guide.training import make_optimizer, mean_over_ranks, next_token_loss, reference_run
 
 WORLD_SIZE = guide.world_size(2)
-K, B, STEPS = 4, 8, 4
+K, B, STEPS = 4, 8, 3
 CFG = ModelConfig(d_model=256, n_heads=4, d_mlp=1024, n_layers=4)
 BIG = synthetic_batches(steps=STEPS, batch_size=K * B, seq_len=16, vocab=CFG.vocab, seed=0)
 MICRO = micro_batches(BIG, K)  # (steps, K, B, T+1)
@@ -56,7 +57,8 @@ print(f"{STEPS} optimizer steps; each: 1 batch of {K * B} sequences (reference) 
 # Each micro-batch's loss is divided by ``K``: the sum of ``K`` gradients of mean losses over ``B``
 # sequences is then the gradient of the mean loss over all ``K * B``. ``sync`` says whether this
 # backward reduces the gradients across ranks. DDP's switch is a context manager around forward *and*
-# backward; FSDP2's is a flag on the module, read by the backward hooks.
+# backward; FSDP2's is a flag on the module, read by the backward hooks. ``probe``, a context
+# manager, wraps the first micro-batch of a step when something is to be measured around it.
 
 
 def micro_step(model, tokens, sync: bool) -> float:
@@ -71,59 +73,67 @@ def micro_step(model, tokens, sync: bool) -> float:
     return loss.item()
 
 
-def accumulation_step(model, opt, step_batch, rank, skip_sync: bool) -> float:
+def accumulation_step(model, opt, step_batch, rank, skip_sync: bool, probe=None) -> float:
     opt.zero_grad(set_to_none=True)
     loss = 0.0
     for m, micro in enumerate(step_batch):
-        sync = m == K - 1 or not skip_sync
-        loss += micro_step(model, rank_slice(micro, rank.rank, rank.world_size), sync)
+        with probe if probe is not None and m == 0 else contextlib.nullcontext():
+            loss += micro_step(model, rank_slice(micro, rank.rank, rank.world_size),
+                               sync=m == K - 1 or not skip_sync)
     opt.step()
     return loss
+
+
+@contextlib.contextmanager
+def gradients_held(model, out: dict):
+    """What the wrapped micro-batch leaves behind: resident memory (:class:`guide.memory.PeakMemory`)
+    and the bytes visible in ``.grad``."""
+    with PeakMemory() as peak:
+        yield
+    out["held_bytes"] = peak.end_bytes
+    out["grad_bytes"] = sum(local_tensor(p.grad).nbytes for p in model.parameters()
+                            if p.grad is not None)
 
 
 # %%
 # The worker
 # ----------
-# The same worker wraps the model in DDP or applies ``fully_shard``. Optimizer step 0 runs as is. In
-# step 1 the first micro-batch runs inside :class:`guide.peak_memory.PeakMemory`: what it leaves
-# behind is the gradient memory held until the next micro-batch. Step 2 runs inside
-# :class:`guide.comm.CollectiveLog` (DDP's C++ all-reduce is made visible with
-# :func:`guide.comm.count_ddp_allreduce`, registered before the first step).
+# The same worker wraps the model in DDP or applies ``fully_shard``. Optimizer step 0 runs as is.
+# Step 1 runs inside :class:`guide.comm.CollectiveLog` (DDP's C++ all-reduce is made visible with
+# :func:`guide.comm.count_ddp_allreduce`, registered before the first step), and its first
+# micro-batch inside ``gradients_held``: what it leaves behind is the gradient memory held until the
+# next micro-batch. The four runs go one after the other in the same ranks (one launch).
 
 
-def worker(rank: guide.Rank, strategy: str, skip_sync: bool) -> dict:
-    prepare()
+def run(rank: guide.Rank, strategy: Strategy, skip_sync: bool) -> dict:
     model = sharding.wrap(build_model(CFG, device=rank.device), strategy, rank)
-    if strategy == "DDP":
+    if strategy is Strategy.DDP:
         comm.count_ddp_allreduce(model)
     opt = make_optimizer("sgd", model.parameters())
-
-    losses = [accumulation_step(model, opt, MICRO[0], rank, skip_sync)]
-    opt.zero_grad(set_to_none=True)
-    with PeakMemory() as first:
-        loss = micro_step(model, rank_slice(MICRO[1, 0], rank.rank, rank.world_size),
-                          sync=not skip_sync)
-    grad_bytes = sum(local_tensor(p.grad).nbytes for p in model.parameters() if p.grad is not None)
-    for m in range(1, K):
-        loss += micro_step(model, rank_slice(MICRO[1, m], rank.rank, rank.world_size),
-                           sync=m == K - 1 or not skip_sync)
-    opt.step()
-    losses.append(loss)
+    out = {"losses": [accumulation_step(model, opt, MICRO[0], rank, skip_sync)]}
     with CollectiveLog(model) as log:
-        losses.append(accumulation_step(model, opt, MICRO[2], rank, skip_sync))
-    for step_batch in MICRO[3:]:
-        losses.append(accumulation_step(model, opt, step_batch, rank, skip_sync))
-    return {"losses": losses, "params": full_state(model), "held_bytes": first.end_bytes,
-            "grad_bytes": grad_bytes, "collectives": log.records}
+        out["losses"].append(accumulation_step(model, opt, MICRO[1], rank, skip_sync,
+                                               probe=gradients_held(model, out)))
+    for step_batch in MICRO[2:]:
+        out["losses"].append(accumulation_step(model, opt, step_batch, rank, skip_sync))
+    return out | {"params": full_state(model), "collectives": log.records}
 
 
-RUNS = [(s, skip) for s in ("DDP", "FSDP2") for skip in (True, False)]
-results = {(s, skip): guide.launch(worker, WORLD_SIZE, s, skip) for s, skip in RUNS}
+RUNS = [(s, skip) for s in (Strategy.DDP, Strategy.FSDP2) for skip in (True, False)]
+
+
+def worker(rank: guide.Rank) -> dict:
+    prepare()  # make freed memory leave the process, so resident memory tracks tensors
+    return {key: run(rank, *key) for key in RUNS}
+
+
+per_rank = guide.launch(worker, WORLD_SIZE)
+results = {key: [r[key] for r in per_rank] for key in RUNS}
 REF_LOSSES, REF_PARAMS = reference_run(CFG, "sgd", BIG)
 
 
-def label(strategy: str, skip: bool) -> str:
-    return f"{strategy}, {'sync on last only' if skip else 'sync every micro-batch'}"
+def label(strategy: Strategy, skip: bool) -> str:
+    return f"{strategy.label}, {'sync on last only' if skip else 'sync every micro-batch'}"
 
 
 # %%
@@ -132,12 +142,14 @@ def label(strategy: str, skip: bool) -> str:
 # After every run, the trained parameters must equal the single-process run on the big batches
 # within :data:`guide.checks.PARAM_TOL` (SGD), and each optimizer step's loss (summed over
 # micro-batches, averaged over ranks) must equal the reference's.
+rows = []
 for (strategy, skip), res in results.items():
-    run = f"{strategy} x{WORLD_SIZE}, K={K}, {'no sync' if skip else 'sync'} until the last"
-    losses = mean_over_ranks([r["losses"] for r in res])
-    dl = checks.assert_losses_match(run, REF_LOSSES, losses)
-    dp = checks.assert_params_match(run, REF_PARAMS, res[0]["params"], checks.PARAM_TOL["sgd"])
-    print(f"{label(strategy, skip):<36} max |Δloss| {dl:.1e}   max |Δparam| {dp:.1e}")
+    run_name = f"{strategy.label} x{WORLD_SIZE}, K={K}, {'no sync' if skip else 'sync'} until the last"
+    dl = checks.assert_losses_match(run_name, REF_LOSSES, mean_over_ranks([r["losses"] for r in res]))
+    dp = checks.assert_params_match(run_name, REF_PARAMS, res[0]["params"], checks.PARAM_TOL["sgd"])
+    rows.append([label(strategy, skip), dl, dp])
+print(table(rows, ["run", "max |Δloss|", "max |Δparam|"],
+            formats={"max |Δloss|": ".1e", "max |Δparam|": ".1e"}))
 
 # %%
 # 2. Reductions per optimizer step
@@ -146,26 +158,22 @@ for (strategy, skip), res in results.items():
 # micro-batch reduces (one all-reduce per DDP bucket, one reduce-scatter per FSDP2 unit); with it,
 # only the last does: ``K`` times fewer. FSDP2's all-gathers do not change: each micro-batch still
 # gathers the parameters for its forward and backward.
-REDUCE = {"DDP": "all_reduce", "FSDP2": "reduce_scatter"}
-n_units = CFG.n_layers + 1  # fully_shard units: the blocks and the root
-count = {}
-for (strategy, skip), res in results.items():
-    recs = res[0]["collectives"]
-    count[strategy, skip] = {kind: sum(c.kind == kind for c in recs)
-                             for kind in ("all_reduce", "reduce_scatter", "all_gather")}
+REDUCE = {Strategy.DDP: "all_reduce", Strategy.FSDP2: "reduce_scatter"}
+KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+n_units = len(comm.fsdp2_groups(build_model(CFG)))  # fully_shard units: the blocks and the root
+count = {key: {kind: sum(c.kind == kind for c in res[0]["collectives"]) for kind in KINDS}
+         for key, res in results.items()}
 for strategy, kind in REDUCE.items():
     skipped, every = count[strategy, True][kind], count[strategy, False][kind]
-    per_backward = n_units if strategy == "FSDP2" else skipped
-    if skipped < 1 or every != K * skipped or (strategy == "FSDP2" and skipped != n_units):
-        raise checks.CheckFailed(
-            f"[sync skipped] {strategy} x{WORLD_SIZE}: {kind} per optimizer step is {skipped} with "
-            f"skipping and {every} without; expected {per_backward} and {K} x {per_backward}.")
-if count["FSDP2", True]["all_gather"] != count["FSDP2", False]["all_gather"]:
-    raise checks.CheckFailed("[sync skipped] FSDP2: skipping the gradient sync changed the number "
-                             "of all-gathers.")
-print(f"{'run':<36}{'all-reduce':>11}{'reduce-scatter':>15}{'all-gather':>11}")
-for key, c in count.items():
-    print(f"{label(*key):<36}{c['all_reduce']:>11}{c['reduce_scatter']:>15}{c['all_gather']:>11}")
+    per_backward = n_units if strategy is Strategy.FSDP2 else skipped
+    checks.expect(skipped >= 1 and every == K * skipped and per_backward == skipped, "sync skipped",
+                  f"{strategy.label} x{WORLD_SIZE}", f"{kind} per optimizer step is {skipped} with "
+                  f"skipping and {every} without; expected {per_backward} and {K} x {per_backward}.")
+checks.expect(count[Strategy.FSDP2, True]["all_gather"] == count[Strategy.FSDP2, False]["all_gather"],
+              "sync skipped", f"FSDP2 x{WORLD_SIZE}", "skipping the gradient sync changed the "
+              "number of all-gathers.")
+print(table([[label(*key), *(c[kind] for kind in KINDS)] for key, c in count.items()],
+            ["run", "all-reduce", "reduce-scatter", "all-gather"]))
 
 # %%
 # 3. The memory it costs
@@ -175,7 +183,7 @@ for key, c in count.items():
 # skips the sync holds full, unsharded gradients *inside* FSDP2 until the last micro-batch
 # reduce-scatters them: its ``.grad`` is still ``None`` then, so only a memory measurement sees
 # them. For FSDP2 the measured growth of the rank's resident memory must match the bytes expected
-# from the parameter shapes within 10 % (plus tensors under glibc's mmap threshold, which can reuse
+# from the parameter shapes within a tenth (plus tensors under glibc's mmap threshold, which can reuse
 # resident heap pages unseen). For DDP the check reads ``.grad``; its resident memory is printed but
 # not checked, because DDP's reducer can hand a ``no_sync`` backward gradient memory it already
 # holds, so the growth need not show the gradients (in testing it did in some steps, not in others).
@@ -183,31 +191,48 @@ MiB = 2**20
 shapes = [p.shape for p in build_model(CFG).parameters()]
 full = [s.numel() * 4 for s in shapes]
 shard = [comm.fsdp2_padded_numel(s, WORLD_SIZE) * 4 // WORLD_SIZE for s in shapes]
-expected = {("DDP", True): full, ("DDP", False): full, ("FSDP2", True): full, ("FSDP2", False): shard}
-held, visible, checked = {}, {}, {}
-print(f"{'run':<36}{'held (measured)':>16}{'in .grad':>10}{'expected':>10}")
+expected = {(Strategy.DDP, True): full, (Strategy.DDP, False): full, (Strategy.FSDP2, True): full,
+            (Strategy.FSDP2, False): shard}
+held, visible, checked, rows = {}, {}, {}, []
 for key, res in results.items():
     held[key] = statistics.mean(r["held_bytes"] for r in res)
     visible[key] = statistics.mean(r["grad_bytes"] for r in res)
     want = sum(expected[key])
     small = sum(b for b in expected[key] if b < MMAP_THRESHOLD)
-    got = checked[key] = held[key] if key[0] == "FSDP2" else visible[key]
-    if not abs(got - want) <= 0.1 * want + small:
-        raise checks.CheckFailed(
-            f"[gradient memory] {label(*key)} x{WORLD_SIZE}: one micro-batch left "
-            f"{got / MiB:.2f} MiB of gradients behind, expected {want / MiB:.2f} MiB.")
-    print(f"{label(*key):<36}{held[key] / MiB:>12.2f} MiB{visible[key] / MiB:>6.2f} MiB"
-          f"{want / MiB:>6.2f} MiB")
-if visible["FSDP2", True] != 0:
-    raise checks.CheckFailed("[gradient memory] FSDP2 without sync: .grad was set before the last "
-                             "micro-batch; the page says FSDP2 holds the gradients internally.")
-saved = count["FSDP2", False]["reduce_scatter"] - count["FSDP2", True]["reduce_scatter"]
-extra = held["FSDP2", True] - held["FSDP2", False]
-print(f"\nFSDP2 trade-off at K={K}, N={WORLD_SIZE}: skipping the sync saves {saved} of "
-      f"{count['FSDP2', False]['reduce_scatter']} reduce-scatters per optimizer step and costs "
-      f"{extra / MiB:.2f} MiB more gradient memory per rank during accumulation: the full gradients, "
-      "as DDP holds them.")
+    got = checked[key] = held[key] if key[0] is Strategy.FSDP2 else visible[key]
+    checks.expect(abs(got - want) <= 0.1 * want + small, "gradient memory",
+                  f"{label(*key)} x{WORLD_SIZE}", f"one micro-batch left {got / MiB:.2f} MiB of "
+                  f"gradients behind, expected {want / MiB:.2f} MiB.")
+    rows.append([label(*key), held[key] / MiB, visible[key] / MiB, want / MiB])
+checks.expect(visible[Strategy.FSDP2, True] == 0, "gradient memory", f"FSDP2 x{WORLD_SIZE} without "
+              "sync", ".grad was set before the last micro-batch; the page says FSDP2 holds the "
+              "gradients internally.")
+print(table(rows, ["run", "held (measured) MiB", "in .grad MiB", "expected MiB"],
+            formats={"held (measured) MiB": ".2f", "in .grad MiB": ".2f", "expected MiB": ".2f"}))
+fsdp2_rs = count[Strategy.FSDP2, False]["reduce_scatter"]
+saved = fsdp2_rs - count[Strategy.FSDP2, True]["reduce_scatter"]
+extra = held[Strategy.FSDP2, True] - held[Strategy.FSDP2, False]
+print(f"\nFSDP2 trade-off at K={K}, N={WORLD_SIZE}: skipping the sync saves {saved} of {fsdp2_rs} "
+      f"reduce-scatters per optimizer step and costs {extra / MiB:.2f} MiB more gradient memory per "
+      "rank during accumulation: the full gradients, as DDP holds them.")
 
-fig = knob_plots.accumulation_tradeoff({label(*k): count[k][REDUCE[k[0]]] for k in RUNS},
-                                       {label(*k): checked[k] / MiB for k in RUNS}, K, WORLD_SIZE)
+# %%
+# The trade-off in one figure: gradient reductions per optimizer step, and the gradient memory held
+# between micro-batches (the values checked above). Solid bars sync on the last micro-batch only.
+style()
+names = [label(*key) for key in RUNS]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
+for ax, values, xlabel in ((ax1, [count[key][REDUCE[key[0]]] for key in RUNS],
+                            "gradient reductions per optimizer step"),
+                           (ax2, [checked[key] / MiB for key in RUNS],
+                            "gradient MiB held between micro-batches")):
+    for i, (key, v) in enumerate(zip(RUNS, values)):
+        ax.barh(i, v, color=key[0].color, alpha=1.0 if key[1] else 0.45)
+        ax.text(v, i, f" {v:.3g}", va="center", fontsize=9)
+    ax.set_yticks(range(len(names)), names if ax is ax1 else [""] * len(names))
+    ax.set_xlabel(xlabel)
+    ax.invert_yaxis()
+    ax.margins(x=0.2)
+fig.suptitle(f"Skipping the sync: {K}x fewer reductions; FSDP2 holds full gradients meanwhile "
+             f"({WORLD_SIZE} ranks)", fontsize=11)
 plt.show()

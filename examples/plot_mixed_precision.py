@@ -29,10 +29,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import guide
-from guide import checks, knob_plots, precision
-from guide.comm import CollectiveLog, dtype_name
+from guide import checks, precision
+from guide.comm import CollectiveLog
 from guide.data import synthetic_batches
+from guide.dtensor import dtype_name
 from guide.model import ModelConfig, build_model
+from guide.plotting import FLOOR, style
+from guide.report import table
 from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
 
 WORLD_SIZE = guide.world_size(2)
@@ -41,20 +44,11 @@ CFG = ModelConfig()
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)
 
 
-def probe_worker(rank: guide.Rank) -> tuple[str, dict]:
+def probe(rank: guide.Rank) -> tuple[str, dict]:
     return rank.backend, {dtype_name(dt): precision.collective_support(dt)
                           for dt in (torch.bfloat16, torch.float32)}
 
 
-backend, support = guide.launch(probe_worker, WORLD_SIZE)[0]
-print(f"{'collective':<22}" + "".join(f"{dt:>12}" for dt in support))
-for op in support["bfloat16"]:
-    print(f"{op:<22}" + "".join(f"{support[dt][op]:>12}" for dt in support))
-for op, result in support["bfloat16"].items():
-    if result != "ok":
-        raise checks.CheckFailed(f"[gloo bf16] {backend} x{WORLD_SIZE}: {op} in bfloat16: {result}; "
-                                 "the bf16 runs below depend on it.")
-print(f"\n{backend} ran every collective FSDP2 needs in bfloat16, with exact results.")
 
 # %%
 # The worker: one policy per ``fully_shard`` call
@@ -63,9 +57,12 @@ print(f"\n{backend} ran every collective FSDP2 needs in bfloat16, with exact res
 # ``output_dtype=torch.float32``: the head's output leaves the model in fp32, so the loss is computed
 # from logits that were not rounded on the way out. Without it every logit would be rounded to bf16
 # (8 significant bits) before the loss, and the page would partly be measuring the rounding of its
-# own yardstick. (``output_dtype``
-# goes on the root only: on the blocks it would hand fp32 activations to the next block's bf16
-# LayerNorm, which CPU LayerNorm rejects.)
+# own yardstick. ``output_dtype`` goes on the root only. On a block it would buy nothing: every
+# ``fully_shard`` unit casts its floating inputs to its ``param_dtype`` before its forward
+# (``cast_forward_inputs=True``, the default), so the next block would get bf16 again. Except after
+# the last block: its fp32 output would go straight into the root's final LayerNorm, which computes
+# with bf16 weights and is not behind a cast of its own (the root's cast ran once, on the token ids),
+# and CPU LayerNorm refuses an fp32 input with bf16 weights.
 #
 # During the first step, :class:`guide.precision.ForwardDtypes` hooks every layer and records the
 # parameters it computes with, and :class:`guide.comm.CollectiveLog` records the dtype of every
@@ -108,7 +105,8 @@ def mp_worker(rank: guide.Rank, optimizer: str, param_dtype: torch.dtype,
 # Four runs against the fp32 reference
 # ------------------------------------
 # SGD in fp32 (an all-fp32 policy: the baseline for bytes), SGD and AdamW with bf16 parameters and
-# fp32 reduction (the recommended setting), and SGD with the reduction in bf16 too.
+# fp32 reduction (the recommended setting), and SGD with the reduction in bf16 too. The probe and the
+# four runs go one after the other in the same ranks (one launch).
 BF16, FP32 = torch.bfloat16, torch.float32
 RUNS = {  # name: (optimizer, param_dtype, reduce_dtype)
     "fp32, SGD": ("sgd", FP32, FP32),
@@ -116,8 +114,25 @@ RUNS = {  # name: (optimizer, param_dtype, reduce_dtype)
     "bf16/fp32, AdamW": ("adamw", BF16, FP32),
     "bf16/bf16, SGD": ("sgd", BF16, BF16),
 }
+
+
+def worker(rank: guide.Rank) -> dict:
+    return {"probe": probe(rank), **{name: mp_worker(rank, *cfg) for name, cfg in RUNS.items()}}
+
+
+per_rank = guide.launch(worker, WORLD_SIZE)
+results = {name: [r[name] for r in per_rank] for name in RUNS}
 REFERENCE = {opt: reference_run(CFG, opt, BATCHES)[0] for opt in ("sgd", "adamw")}
-results = {name: guide.launch(mp_worker, WORLD_SIZE, *cfg) for name, cfg in RUNS.items()}
+
+# %%
+# gloo's answer, from rank 0: every collective FSDP2 needs, in bfloat16 and float32.
+backend, support = per_rank[0]["probe"]
+print(table([[op, *(support[dt][op] for dt in support)] for op in support["bfloat16"]],
+            ["collective", *support]))
+for op, result in support["bfloat16"].items():
+    checks.expect(result == "ok", "gloo bf16", f"{backend} x{WORLD_SIZE}",
+                  f"{op} in bfloat16: {result}; the bf16 runs below depend on it.")
+print(f"\n{backend} ran every collective FSDP2 needs in bfloat16, with exact results.")
 
 # %%
 # The dtypes, checked
@@ -137,23 +152,20 @@ for name, (_, param_dtype, reduce_dtype) in RUNS.items():
         precision.assert_dtypes(run, "gradients on the shard", res["grads"], FP32)
         precision.assert_dtypes(run, "parameters used in forward", res["forward_params"],
                                 param_dtype)
-        sharded_in_forward = {p: k for p, k in res["forward_kinds"].items()
-                              if k != "Tensor" or res["forward_shapes"][p] != full_shapes[p]}
-        if sharded_in_forward:
-            raise checks.CheckFailed(f"[dtype] {run}: parameters used in forward were not the "
-                                     f"unsharded full tensors: {sorted(sharded_in_forward)[:3]}.")
+        sharded_in_forward = sorted(p for p, k in res["forward_kinds"].items()
+                                    if k != "Tensor" or res["forward_shapes"][p] != full_shapes[p])
+        checks.expect(not sharded_in_forward, "dtype", run, "parameters used in forward were not "
+                      f"the unsharded full tensors: {sharded_in_forward[:3]}.")
         precision.assert_dtypes(run, "block outputs",
                                 {m: d for m, d in res["outputs"].items() if m.startswith("blocks.")
                                  and m.count(".") == 1}, param_dtype)
         precision.assert_dtypes(run, "root output (logits)", {"": res["outputs"][""]}, FP32)
 
 sample = results["bf16/fp32, SGD"][0]
-print(f"{'parameter':<22}{'at rest (shard)':>17}{'in forward':>12}{'forward shape':>15}"
-      f"{'grad (shard)':>14}")
-for p in ("tok_emb.weight", "blocks.0.qkv.weight", "blocks.0.ln1.weight", "head.weight"):
-    print(f"{p:<22}{dtype_name(sample['at_rest_after'][p]):>17}"
-          f"{dtype_name(sample['forward_params'][p]):>12}{str(sample['forward_shapes'][p]):>15}"
-          f"{dtype_name(sample['grads'][p]):>14}")
+print(table([[p, dtype_name(sample["at_rest_after"][p]), dtype_name(sample["forward_params"][p]),
+              str(sample["forward_shapes"][p]), dtype_name(sample["grads"][p])]
+             for p in ("tok_emb.weight", "blocks.0.qkv.weight", "blocks.0.ln1.weight", "head.weight")],
+            ["parameter", "at rest (shard)", "in forward", "forward shape", "grad (shard)"]))
 
 # %%
 # What went over the wire
@@ -166,23 +178,19 @@ wire = {}
 for name, (_, param_dtype, reduce_dtype) in RUNS.items():
     recs = results[name][0]["collectives"]
     for kind, want in (("all_gather", param_dtype), ("reduce_scatter", reduce_dtype)):
-        dtypes = {c.dtype for c in recs if c.kind == kind}
-        if dtypes != {dtype_name(want)}:
-            raise checks.CheckFailed(f"[wire dtype] FSDP2 x{WORLD_SIZE} {name}: {kind} ran in "
-                                     f"{sorted(dtypes)}, expected {want}.")
+        dtypes = sorted({c.dtype for c in recs if c.kind == kind})
+        checks.expect(dtypes == [dtype_name(want)], "wire dtype", f"FSDP2 x{WORLD_SIZE} {name}",
+                      f"{kind} ran in {dtypes}, expected {want}.")
         wire[name, kind] = (sum(c.kind == kind for c in recs), sum(c.bytes for c in recs
                                                                     if c.kind == kind))
-print(f"{'run':<20}{'all-gathers':>12}{'bytes':>10}{'reduce-scatters':>17}{'bytes':>10}")
-for name in RUNS:
-    (ag, ag_b), (rs, rs_b) = wire[name, "all_gather"], wire[name, "reduce_scatter"]
-    print(f"{name:<20}{ag:>12}{ag_b:>10,}{rs:>17}{rs_b:>10,}")
+print(table([[name, *wire[name, "all_gather"], *wire[name, "reduce_scatter"]] for name in RUNS],
+            ["run", "all-gathers", "AG bytes", "reduce-scatters", "RS bytes"]))
 base_ag, base_rs = wire["fp32, SGD", "all_gather"][1], wire["fp32, SGD", "reduce_scatter"][1]
 for name, ag_ratio, rs_ratio in (("bf16/fp32, SGD", 0.5, 1.0), ("bf16/bf16, SGD", 0.5, 0.5)):
     got = (wire[name, "all_gather"][1] / base_ag, wire[name, "reduce_scatter"][1] / base_rs)
-    if got != (ag_ratio, rs_ratio):
-        raise checks.CheckFailed(f"[wire bytes] FSDP2 x{WORLD_SIZE} {name}: all-gather and "
-                                 f"reduce-scatter bytes are {got} of fp32's, expected "
-                                 f"{(ag_ratio, rs_ratio)}.")
+    checks.expect(got == (ag_ratio, rs_ratio), "wire bytes", f"FSDP2 x{WORLD_SIZE} {name}",
+                  f"all-gather and reduce-scatter bytes are {got} of fp32's, expected "
+                  f"{(ag_ratio, rs_ratio)}.")
 print("\nbf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype halves the "
       "reduce-scatter.")
 
@@ -191,7 +199,7 @@ print("\nbf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype ha
 # --------------------------------
 # bf16 keeps 8 significant bits (7 stored, one implicit), so rounding a number ``x`` to bf16 moves it
 # by at most ``u·|x|``, with unit roundoff ``u = 2**-8`` (``torch.finfo(torch.bfloat16).eps`` is the
-# spacing above 1.0, ``2**-7``, twice ``u``). In the bf16 forward every weight is rounded once (the
+# spacing above one, ``2**-7``, twice ``u``). In the bf16 forward every weight is rounded once (the
 # shard is cast before the all-gather) and every activation after each operation; the loss is a
 # smooth function of all of them, so its error is a weighted sum of relative errors no larger than
 # ``u``. The bound this page enforces is **one rounding of the loss itself**: at every step
@@ -209,7 +217,7 @@ print("\nbf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype ha
 u = precision.unit_roundoff(BF16)
 print(f"bf16: u = 2**-8 = {u:.6f} (finfo eps = {torch.finfo(BF16).eps:.6f}); "
       f"fp32: u = {precision.unit_roundoff(FP32):.2e}")
-gaps, bounds = {}, {}
+gaps, bounds, rows = {}, {}, []
 for name, (opt, param_dtype, _) in RUNS.items():
     losses = mean_over_ranks([r["losses"] for r in results[name]])
     run = f"FSDP2 x{WORLD_SIZE} {name}"
@@ -219,12 +227,30 @@ for name, (opt, param_dtype, _) in RUNS.items():
     bounds[name] = precision.loss_gap_bound(REFERENCE[opt], param_dtype)
     worst = precision.assert_loss_gap_within(run, REFERENCE[opt], losses, bounds[name])
     gaps[name] = [abs(a - b) for a, b in zip(losses, REFERENCE[opt])]
-    print(f"{name:<18} step-0 gap {gaps[name][0]:.1e} "
-          f"({gaps[name][0] / bounds[name][0]:.1%} of u·L), "
-          f"largest gap {max(gaps[name]):.1e}, at most {worst:.1%} of the bound")
-print(f"fp32, SGD          matches the reference within {checks.LOSS_TOL:.0e} (no bf16 anywhere)")
+    rows.append([name, gaps[name][0], gaps[name][0] / bounds[name][0], max(gaps[name]), worst])
+print(table(rows, ["run", "step-0 gap", "of u·L", "largest gap", "of the bound, at most"],
+            formats={"step-0 gap": ".1e", "of u·L": ".1%", "largest gap": ".1e",
+                     "of the bound, at most": ".1%"}))
+print(f"fp32, SGD matches the reference within {checks.LOSS_TOL:.0e} (no bf16 anywhere).")
 
-fig = knob_plots.gap_vs_bound(gaps, bounds)
+# %%
+# The same, drawn: ``|loss - fp32 reference|`` per step for each bf16 run (solid, log scale), and
+# that run's allowed gap (dashed, same colour); a zero gap is drawn at the floor.
+RUN_COLORS = {"bf16/fp32, SGD": "#d62728", "bf16/fp32, AdamW": "#9467bd", "bf16/bf16, SGD": "#ff7f0e"}
+style()
+fig, ax = plt.subplots(figsize=(7.5, 4.2))
+for name, gap in gaps.items():
+    steps = range(len(gap))
+    ax.plot(steps, [max(g, FLOOR) for g in gap], "o-", color=RUN_COLORS[name], ms=4, lw=1.4,
+            label=f"{name}: |gap|")
+    ax.plot(steps, bounds[name], "--", color=RUN_COLORS[name], lw=1.2, alpha=0.8,
+            label=f"{name}: bound u·L")
+ax.set_yscale("log")
+ax.set_xlabel("training step")
+ax.set_ylabel("|loss − fp32 loss| (nats/token)")
+ax.set_title("bf16 compute stays inside one bf16 rounding of the loss")
+ax.legend(loc="lower right", fontsize=9, ncols=2)
+ax.set_ylim(bottom=min((g for gap in gaps.values() for g in gap if g > 0), default=FLOOR) / 3)
 plt.show()
 
 # %%
@@ -233,12 +259,14 @@ plt.show()
 # If the shards were stored in bf16, an update smaller than half the bf16 spacing around a weight
 # would be rounded away. The worker kept the fp32 shards before the last step: this is the share of
 # that step's changed elements that would have vanished in bf16 storage.
-for name in ("bf16/fp32, SGD", "bf16/fp32, AdamW"):
-    lost = [r["lost_in_bf16"] for r in results[name]]
-    print(f"{name:<18} {min(lost):.0%}–{max(lost):.0%} of the last step's updates (per rank) "
-          "would be lost in bf16 storage")
-    if not min(lost) > 0:
-        raise checks.CheckFailed(f"[master weights] FSDP2 x{WORLD_SIZE} {name}: no update would be "
-                                 "lost in bf16 storage; the page's argument does not hold here.")
+lost = {name: [r["lost_in_bf16"] for r in results[name]] for name in ("bf16/fp32, SGD",
+                                                                        "bf16/fp32, AdamW")}
+for name, per_rank_lost in lost.items():
+    checks.expect(min(per_rank_lost) > 0, "master weights", f"FSDP2 x{WORLD_SIZE} {name}",
+                  "no update would be lost in bf16 storage; the page's argument does not hold here.")
+print(table([[name, min(v), max(v)] for name, v in lost.items()],
+            ["run", "lost in bf16, min over ranks", "max over ranks"],
+            formats={"lost in bf16, min over ranks": ".0%", "max over ranks": ".0%"},
+            title="Share of the last step's updates that bf16 storage would lose"))
 print("FSDP2 keeps fp32 shards (checked above), so none of these updates is lost; only the copy it "
       "all-gathers for compute is bf16.")

@@ -20,15 +20,20 @@ hides that bug (its update is invariant to the gradient's scale), which is why b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
 
+from guide.comm.model import Collective, summarize
 from guide.dtensor import ParamLayout, chunk_rows
+from guide.validate import positive_int
 
 __all__ = ["CheckFailed", "LEARN_MIN_DROP", "LOSS_TOL", "assert_learns", "PARAM_TOL", "assert_losses_match", "assert_params_match",
            "assert_ranks_agree", "assert_replicated", "assert_same_init", "assert_sharded",
-           "expect", "expect_close", "max_abs_diff"]
+           "expect", "expect_close", "max_abs_diff", "assert_hsdp_sharded",
+           "assert_replicas_identical",
+           "ELEMENT_TOL", "WIRE_TOL", "check_volume", "check_wire"]
 
 LOSS_TOL = 1e-5
 #: The least a reference run's loss must fall below its step-0 loss (nats) for the run to count as
@@ -88,6 +93,10 @@ def assert_learns(run: str, losses: Sequence[float], min_drop: float = LEARN_MIN
     if len(losses) < 2:
         raise CheckFailed(f"[training happens] {run}: {len(losses)} step(s); at least 2 are needed "
                           "to see the loss fall.")
+    bad = [i for i, loss in enumerate(losses) if not math.isfinite(loss)]
+    if bad:  # an inf at step 0 'falls' by inf, and min() skips a NaN that is not first
+        raise CheckFailed(f"[training happens] {run}: the loss is not finite at step {bad[0]} "
+                          f"({losses[bad[0]]}).")
     drop = losses[0] - min(losses[1:])
     if not drop >= min_drop:  # `not >=` also catches NaN
         raise CheckFailed(f"[training happens] {run}: the loss fell by {drop:.2e} from step 0's "
@@ -135,7 +144,7 @@ def assert_params_match(run: str, reference: Mapping[str, torch.Tensor],
             raise CheckFailed(f"[{check}] {run}: {name} has shape "
                               f"{tuple(got.shape)}, reference {tuple(ref.shape)}.")
         gap = (got.double() - ref.double()).abs().max().item()
-        if not gap <= worst:
+        if math.isnan(gap) or gap > worst:  # once NaN is the worst, no finite gap replaces it
             worst_name, worst = name, gap
     if not worst <= tol:
         raise CheckFailed(f"[{check}] {run}: {worst_name} differs from the single-process "
@@ -147,6 +156,9 @@ def assert_ranks_agree(run: str, per_rank: Sequence[Mapping[str, torch.Tensor]])
     """Every rank ends with the same full parameters. Replicas that drift apart mean gradients were
     not synchronised (DDP bypassed, a no-op reduction, ``no_sync`` left on)."""
     for rank, params in enumerate(per_rank[1:], start=1):
+        if set(params) != set(per_rank[0]):
+            raise CheckFailed(f"[replica consistency] {run}: rank {rank} has parameters "
+                              f"{sorted(params)}, rank 0 {sorted(per_rank[0])}.")
         for name, ref in per_rank[0].items():
             gap = (params[name].double() - ref.double()).abs().max().item()
             if not gap == 0.0:
@@ -194,7 +206,165 @@ def assert_sharded(run: str, layouts: Sequence[ParamLayout], world_size: int) ->
 def assert_replicated(run: str, layouts: Sequence[ParamLayout],
                       full_shapes: Mapping[str, tuple[int, ...]]) -> None:
     """Each DDP parameter on each rank is a plain tensor of the full shape: DDP replicates."""
+    if not layouts:
+        raise CheckFailed(f"[replication] {run}: no parameters were reported.")
     for lay in layouts:
-        if lay.is_dtensor or lay.local_shape != full_shapes[lay.name]:
-            raise CheckFailed(f"[replication] {run}: {lay.name} on rank {lay.rank} has local shape "
-                              f"{lay.local_shape}, expected the full {full_shapes[lay.name]}.")
+        where = f"{lay.name} on rank {lay.rank}"
+        if lay.name not in full_shapes:
+            raise CheckFailed(f"[replication] {run}: {where} is not a parameter of the model (it "
+                              f"has {sorted(full_shapes)}).")
+        if lay.is_dtensor:
+            raise CheckFailed(f"[replication] {run}: {where} is a DTensor with placements "
+                              f"{lay.placements}, not a plain tensor: DDP replicates plain tensors.")
+        if lay.local_shape != tuple(full_shapes[lay.name]):
+            raise CheckFailed(f"[replication] {run}: {where} has local shape "
+                              f"{lay.local_shape}, expected the full {tuple(full_shapes[lay.name])}.")
+
+
+# -- HSDP: a 2-D mesh (replicate, shard) ----------------------------------------------------------
+
+_HSDP_PLACEMENTS = "(Replicate(), Shard(dim=0))"
+
+
+def assert_hsdp_sharded(run: str, layouts: Sequence[ParamLayout], replicas: int,
+                        shards: int) -> None:
+    """HSDP on a ``(replicas, shards)`` mesh: each parameter on each rank is a DTensor with
+    placements ``(Replicate(), Shard(dim=0))`` holding the dim-0 chunk of its shard position.
+
+    ``init_device_mesh(device, (replicas, shards))`` lays the ranks out row-major: rank ``r`` is in
+    replica ``r // shards`` at shard position ``r % shards``, and holds chunk ``r % shards`` of
+    ``shards`` (``torch.chunk``), whichever replica it is in.
+    """
+    positive_int("replicas", replicas, "the size of the mesh's replicate dimension")
+    positive_int("shards", shards, "the size of the mesh's shard dimension")
+    world_size = replicas * shards
+    if not layouts:
+        raise CheckFailed(f"[HSDP sharding] {run}: no parameters were reported.")
+    ranks = {lay.rank for lay in layouts}
+    if ranks != set(range(world_size)):
+        raise CheckFailed(f"[HSDP sharding] {run}: layouts from ranks {sorted(ranks)}, expected "
+                          f"0..{world_size - 1} ({replicas} replicas x {shards} shards).")
+    for lay in layouts:
+        where = f"{lay.name} on rank {lay.rank}"
+        if not lay.is_dtensor:
+            raise CheckFailed(f"[HSDP sharding] {run}: {where} is a plain tensor of shape "
+                              f"{lay.global_shape}, not a DTensor: fully_shard was not applied.")
+        if lay.placements != _HSDP_PLACEMENTS:
+            raise CheckFailed(f"[HSDP sharding] {run}: {where} has placements {lay.placements}, "
+                              f"expected {_HSDP_PLACEMENTS}: fully_shard was not given the 2-D "
+                              "(replicate, shard) mesh.")
+        rows = chunk_rows(lay.global_shape[0], lay.rank % shards, shards)
+        expected = (rows, *lay.global_shape[1:])
+        if lay.local_shape != expected:
+            raise CheckFailed(f"[HSDP sharding] {run}: {where} (shard position "
+                              f"{lay.rank % shards}) holds a local shard of shape {lay.local_shape};"
+                              f" Shard(0) over {shards} ranks gives {expected} "
+                              f"(global {lay.global_shape}).")
+
+
+def assert_replicas_identical(run: str,
+                              shards_by_rank: Sequence[Sequence[Mapping[str, torch.Tensor]]],
+                              replicas: int, shards: int) -> int:
+    """The ranks at the same shard position of different replicas hold equal local shards (every
+    element, ``torch.equal``) after every step; returns the number of shards compared.
+
+    ``shards_by_rank[rank][step]`` maps each parameter's name to that rank's local shard after that
+    step; ranks are laid out as in :func:`assert_hsdp_sharded`. HSDP keeps the replicas equal by
+    all-reducing every reduced gradient shard across the replicate dimension: without that
+    all-reduce each replica trains on its own part of the batch and they drift apart.
+    """
+    positive_int("replicas", replicas, "the size of the mesh's replicate dimension")
+    positive_int("shards", shards, "the size of the mesh's shard dimension")
+    if len(shards_by_rank) != replicas * shards:
+        raise CheckFailed(f"[HSDP replicas] {run}: shards from {len(shards_by_rank)} ranks, "
+                          f"expected {replicas * shards} ({replicas} replicas x {shards} shards).")
+    compared = 0
+    for position in range(shards):
+        first = shards_by_rank[position]
+        for replica in range(1, replicas):
+            rank = replica * shards + position
+            other = shards_by_rank[rank]
+            if len(other) != len(first):
+                raise CheckFailed(f"[HSDP replicas] {run}: rank {rank} reported {len(other)} "
+                                  f"steps, rank {position} {len(first)}.")
+            for step, (mine, theirs) in enumerate(zip(first, other)):
+                if set(mine) != set(theirs):
+                    raise CheckFailed(f"[HSDP replicas] {run}: after step {step}, ranks "
+                                      f"{position} and {rank} report different parameters.")
+                for name, shard in mine.items():
+                    got = theirs[name]
+                    if got.shape != shard.shape or not torch.equal(got, shard):
+                        gap = ((got.double() - shard.double()).abs().max().item()
+                               if got.shape == shard.shape else float("inf"))
+                        raise CheckFailed(
+                            f"[HSDP replicas] {run}: after step {step}, rank {rank} (replica "
+                            f"{replica}) holds a different {name} shard than rank {position} "
+                            f"(replica 0, same shard position {position}): max gap {gap:.2e}; "
+                            "the gradients were not all-reduced across the replicas.")
+                    compared += 1
+    if not compared:
+        raise CheckFailed(f"[HSDP replicas] {run}: no shards to compare (no steps reported, or one "
+                          "replica).")
+    return compared
+
+
+# -- communication: measured collectives against guide.comm.model ---------------------------------
+
+#: How far measured element counts may sit from the communication model (relative) before a page
+#: fails (the communication example prints each run's gap).
+ELEMENT_TOL = 0.02
+
+#: How far a rank's measured wire bytes (``wchar``) may sit from the gloo model (relative): the gap
+#: is gloo's message headers; the communication example prints both for every run.
+WIRE_TOL = 0.02
+
+
+def check_volume(run: str, measured: Sequence[Collective], expected: Sequence[Collective],
+                 steps: int, tol: float = ELEMENT_TOL,
+                 exact_calls: Sequence[str] = ("all_gather", "reduce_scatter", "broadcast"),
+                 ) -> dict[tuple[str, str], tuple[float, int, float]]:
+    """Compare ``measured`` (all records of ``steps`` steps, :class:`guide.comm.CollectiveLog`) with
+    one step of ``expected`` (:mod:`guide.comm.model`).
+
+    For each ``(kind, dtype)`` the measured elements per step must sit within ``tol`` (relative) of
+    the model, and for the kinds in ``exact_calls`` the calls per step must match exactly (DDP's
+    all-reduce is left out by default: how many buckets it uses is DDP's choice). Raises
+    :class:`CheckFailed` naming the run, kind and dtype; returns
+    ``{(kind, dtype): (measured elements/step, model elements/step, relative gap)}``.
+    """
+    got, want = summarize(measured, steps), summarize(expected)
+    if set(got) != set(want):
+        raise CheckFailed(
+            f"[comm volume] {run}: issued {sorted(got)} (kind, dtype) per step, the model says "
+            f"{sorted(want)}.")
+    out = {}
+    for key, row in want.items():
+        m, e = got[key]["numel"], row["numel"]
+        gap = abs(m - e) / e if e else float(m != 0)
+        if not gap <= tol:
+            raise CheckFailed(
+                f"[comm volume] {run}: {key[0]} in {key[1]} moved {m:,.0f} elements per step, the "
+                f"model says {e:,} (gap {gap:.2%} > {tol:.0%}).")
+        if key[0] in exact_calls and got[key]["calls"] != row["calls"]:
+            raise CheckFailed(
+                f"[comm calls] {run}: {got[key]['calls']:g} {key[0]} calls in {key[1]} per step, "
+                f"the model says {row['calls']}.")
+        out[key] = (m, e, gap)
+    return out
+
+
+def check_wire(run: str, wire_bytes_per_rank: Sequence[int | None], expected_per_rank: float,
+               steps: int, tol: float = WIRE_TOL) -> list[float]:
+    """Each rank's measured wire bytes per step must sit within ``tol`` of ``expected_per_rank``
+    (e.g. the sum of :func:`guide.comm.gloo_bytes` over one step's model). Raises
+    :class:`CheckFailed` naming the run and rank; returns the bytes per step per rank."""
+    if any(w is None for w in wire_bytes_per_rank):
+        raise CheckFailed(f"[comm wire] {run}: /proc/self/io is not readable here; no wire bytes.")
+    per_step = [w / steps for w in wire_bytes_per_rank]
+    for rank, w in enumerate(per_step):
+        gap = abs(w - expected_per_rank) / expected_per_rank
+        if not gap <= tol:
+            raise CheckFailed(
+                f"[comm wire] {run}: rank {rank} wrote {w:,.0f} B per step, the gloo model says "
+                f"{expected_per_rank:,.0f} B (gap {gap:.2%} > {tol:.0%}).")
+    return per_step

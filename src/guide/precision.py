@@ -7,7 +7,8 @@ and a claim about any of them is checkable from inside a rank:
 * **in forward**: the unsharded parameters a layer computes with, and the activations it returns,
   seen by forward hooks while the forward runs (:class:`ForwardDtypes`);
 * **gradients**: the sharded ``.grad`` the optimizer reads (:func:`grad_dtypes`);
-* **on the wire**: the dtype of each collective (:class:`guide.comm.CollectiveLog` records it).
+* **on the wire**: the dtype of each collective (:class:`guide.comm.CollectiveLog` records it;
+  :func:`guide.dtensor.dtype_name` is the short name it records).
 
 :func:`assert_dtypes` turns an observation into a build-failing check. :func:`collective_support`
 asks the process group which collectives it can run in a dtype (gloo on CPU and bf16 is the case in
@@ -21,11 +22,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from guide.checks import CheckFailed
-from guide.comm import dtype_name
-from guide.model_state import local_tensor
+from guide.dtensor import dtype_name, local_tensor, plain_name
 
 __all__ = ["ForwardDtypes", "assert_dtypes", "assert_loss_gap_within", "collective_support",
            "grad_dtypes", "loss_gap_bound", "lost_update_fraction", "stored_dtypes",
@@ -34,20 +36,16 @@ __all__ = ["ForwardDtypes", "assert_dtypes", "assert_loss_gap_within", "collecti
 _FLOATS = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
-def _name(name: str) -> str:
-    return name.removeprefix("module.")
-
-
 def stored_dtypes(model: nn.Module) -> dict[str, torch.dtype]:
     """The dtype each parameter is *stored* in on this rank, between steps: for FSDP2 the dtype of
     the local shard of the ``DTensor`` (what the optimizer updates), else the tensor's own."""
-    return {_name(n): local_tensor(p).dtype for n, p in model.named_parameters()}
+    return {plain_name(n): local_tensor(p).dtype for n, p in model.named_parameters()}
 
 
 def grad_dtypes(model: nn.Module) -> dict[str, torch.dtype | None]:
     """The dtype of each parameter's ``.grad`` on this rank (the local shard for FSDP2), ``None``
     where there is no gradient. Read it after ``backward()`` and before ``zero_grad()``."""
-    return {_name(n): None if p.grad is None else local_tensor(p.grad).dtype
+    return {plain_name(n): None if p.grad is None else local_tensor(p.grad).dtype
             for n, p in model.named_parameters()}
 
 
@@ -78,11 +76,9 @@ class ForwardDtypes:
         self._handles: list = []
 
     def __enter__(self) -> ForwardDtypes:
-        from torch.distributed.tensor import DTensor
-
         for mod_name, module in self.model.named_modules():
             local = [n for n, _ in module.named_parameters(recurse=False)]
-            prefix = _name(f"{mod_name}.") if mod_name else ""
+            prefix = plain_name(f"{mod_name}.") if mod_name else ""
 
             def hook(mod, _args, out, prefix=prefix, local=local, mod_name=mod_name):
                 for pname in local:
@@ -91,7 +87,7 @@ class ForwardDtypes:
                     self.params[key] = p.dtype
                     self.param_kinds[key] = "DTensor" if isinstance(p, DTensor) else "Tensor"
                     self.param_shapes[key] = tuple(p.shape)
-                self.outputs[_name(mod_name)] = out.dtype if isinstance(out, torch.Tensor) else None
+                self.outputs[plain_name(mod_name)] = out.dtype if isinstance(out, torch.Tensor) else None
 
             self._handles.append(module.register_forward_hook(hook))
         return self
@@ -197,8 +193,6 @@ def collective_support(dtype: torch.dtype, group=None) -> dict[str, str]:
     all-reduce (sum, avg) runs on small integer-valued tensors, exact in any float dtype, and is
     reported as ``"ok"``, ``"wrong result"`` or ``"fails: <error>"``.
     """
-    import torch.distributed as dist
-
     if dtype not in _FLOATS:
         raise ValueError(f"collective_support checks floating dtypes ({', '.join(map(str, _FLOATS))}),"
                          f" got {dtype}.")

@@ -1,0 +1,317 @@
+"""
+Step time at scale, estimated
+=============================
+
+The :ref:`communication page <sphx_glr_auto_examples_plot_communication.py>` counts, on CPU ranks,
+every byte DDP and FSDP2 send. What those bytes cost on a GPU cluster cannot be measured on this
+machine, so this page **estimates** it, for Llama-3-70B on nodes of 8 H100 GPUs, with
+:mod:`guide.comm.cost`: a hierarchical model of NCCL's collectives (NVLink inside a node, one ring
+per NIC between nodes), checked against published nccl-tests bus bandwidths. Every time below is an
+estimate from link rates, and every configuration says first whether it fits in a GPU's memory
+(:mod:`guide.memory`'s model): a configuration that does not fit gets no time.
+
+Nothing here runs on several ranks: it is arithmetic on parameter shapes.
+"""
+
+# %%
+# The hardware, as cited constants
+# --------------------------------
+# The model's inputs are link rates and NCCL's own latency constants, each from a published source
+# (the table below prints them with their sources). The throughput of one GPU is an assumption, a
+# fraction of the H100's dense bf16 peak ("MFU"), in the range torchtitan reports for Llama-3-8B on
+# H100 without Float8 (arXiv 2410.06511).
+import math
+
+import matplotlib.pyplot as plt
+import torch
+
+from guide import checks, comm
+from guide.claims import Ledger
+from guide.comm import H100_NODE
+from guide.constants import CONSTANTS, cite
+from guide.memory import GPU_TOTAL_MEMORY_GIB, PRESETS, GiB, activation_bytes, per_rank_state_bytes
+from guide.memory import unsharded_param_bytes
+from guide.plotting import style
+from guide.report import table
+from guide.sharding import Strategy
+
+ledger = Ledger("plot_step_time_estimates")
+CITED = ["h100.nvlink_bandwidth", "dgx_h100.nics", "ndr.nic_bandwidth", "nccl.tuning.base_latency",
+         "nccl.tuning.nvlink_step_latency", "nccl.tuning.network_step_latency",
+         "h100.dense_bf16_flops", "h100.memory_total"]
+print(table([[name, cite(ledger, name), CONSTANTS[name].unit, CONSTANTS[name].source]
+             for name in CITED], ["constant", "value", "unit", "source"], formats={"value": ",.15g"}))
+PEAK_FLOPS = CONSTANTS["h100.dense_bf16_flops"].value
+MFU = 0.40  # assumed fraction of peak (see above)
+GPU = "H100 (80 GB)"
+CAPACITY = GPU_TOTAL_MEMORY_GIB[GPU] * GiB
+NODE = H100_NODE
+print(f"\nAssumed: {MFU:.0%} of the dense bf16 peak, {PEAK_FLOPS * MFU / 1e12:,.0f} TFLOP/s per GPU.")
+
+# %%
+# The model, checked against nccl-tests
+# -------------------------------------
+# Inside a node a ring runs over NVLink at its full rate per GPU. Between nodes NCCL runs one ring per
+# NIC: each ring crosses the node's 8 GPUs over NVLink and leaves through its own NIC, so a node's
+# traffic to the next node is shared by all its NICs (:func:`guide.comm.bus_bandwidth`). Bus bandwidth
+# is nccl-tests' measure (``busbw``: the time of a collective is its ring bytes per rank over it).
+# The model prices links at their nominal rate, so it must never predict *less* than nccl-tests
+# measured, and the build fails unless it stays within :data:`guide.comm.BUSBW_FACTOR` of each
+# published figure (the same check runs in ``tests/comm/test_cost.py``).
+rows = []
+for pub in comm.PUBLISHED_BUS_BANDWIDTH:
+    model = comm.bus_bandwidth(pub.topology, pub.nodes * pub.topology.gpus_per_node,
+                               algorithm=pub.algorithm)
+    checks.expect(pub.low <= model <= comm.BUSBW_FACTOR * pub.high, "busbw model", pub.what,
+                  f"the model gives {model / 1e9:.0f} GB/s, published {pub.low / 1e9:.0f}-"
+                  f"{pub.high / 1e9:.0f} GB/s; allowed 1-{comm.BUSBW_FACTOR}x ({pub.source}).")
+    gpu = {NODE: "h100", comm.A100_NODE: "a100"}[pub.topology]
+    ledger.claim(f"comm.busbw_model.all_reduce.{gpu}.{pub.nodes}x{pub.topology.gpus_per_node}",
+                 model, "bytes/s", guard="asserted: busbw model within BUSBW_FACTOR of nccl-tests",
+                 hardware=pub.topology.name)
+    rows.append([pub.what, pub.nodes, f"{pub.low / 1e9:.0f}-{pub.high / 1e9:.0f}", model / 1e9,
+                 model / pub.high, pub.source])
+print(table(rows, ["setup (all_reduce, large messages)", "nodes", "published GB/s", "model GB/s",
+                   "model/published", "source"],
+            formats={"model GB/s": ".0f", "model/published": ".2f"}))
+one_nic = comm.Topology("one NIC per node", 8, NODE.nvlink_bytes_per_s, 1, NODE.nic_bytes_per_s)
+two_nodes = next(p for p in comm.PUBLISHED_BUS_BANDWIDTH if p.nodes == 2 and p.topology is NODE)
+print(f"\nPricing every hop at one NIC's rate, as this site's earlier 'lower bound' did, gives "
+      f"{comm.bus_bandwidth(one_nic, 16) / 1e9:.0f} GB/s on 2 nodes: "
+      f"{two_nodes.low / comm.bus_bandwidth(one_nic, 16):.1f}x below what nccl-tests measures there.")
+
+# %%
+# Does it fit? Llama-3-70B, per GPU
+# ---------------------------------
+# Each configuration's memory per GPU, with the site's memory model: model state for bf16 compute
+# with fp32 master weights and AdamW (DDP's gradient buckets counted where
+# DDP is underneath, :func:`guide.memory.per_rank_state_bytes`), plus what
+# ``reshard_after_forward=False`` keeps unsharded, plus the activations of one sequence:
+# without recomputation (:func:`guide.memory.activation_bytes`, Korthikanti et al.), or with full
+# activation checkpointing (``checkpointing="full"``), which keeps each block's input and, while a
+# block is recomputed in backward, that block's activations. HSDP holds
+# what FSDP2 holds at its shard-group size. FSDP2's transient all-gather and reduce-scatter buffers
+# are not in the model; the table prints what they take for this model (the root, kept unsharded,
+# plus two blocks gathered and one block's gradients), and marks rows whose headroom is smaller.
+ARCH = PRESETS["llama-3-70b"]
+SHAPES = ARCH.param_shapes()
+UNITS = ARCH.fsdp2_units()
+SEQ = 8192  # tokens per sequence; one sequence per GPU per micro-batch
+PRECISION, OPTIMIZER = "bf16_mixed", "adamw"
+BF16, FP32 = torch.bfloat16, torch.float32
+
+
+def fsdp2_buffer_bytes() -> int:
+    """FSDP2's transient buffers, not in the memory model: the root unit gathered (bf16, kept until
+    backward by default) with its bf16 gradients, two blocks gathered (current and prefetched) and
+    one block's bf16 gradients with their fp32 reduce-scatter input."""
+    root, block = (sum(math.prod(s) for s in unit) for unit in UNITS[:2])
+    return root * (2 + 2) + block * (2 * 2 + 2 + 4)
+
+
+def state_bytes(strategy: Strategy, n: int) -> int:
+    """Model state per GPU (and the unsharded parameters ``reshard_after_forward=False`` keeps)."""
+    held = per_rank_state_bytes(SHAPES, strategy, n, PRECISION, OPTIMIZER, ddp_buckets=True).total
+    if strategy is Strategy.FSDP2_NO_RESHARD:
+        held += unsharded_param_bytes(SHAPES, n, PRECISION)
+    return held
+
+
+def fit(strategy: Strategy, n: int, seq: int) -> tuple[str, float, bool]:
+    """("fits" / "fits with full AC" / "does not fit", headroom in bytes, recompute needed)."""
+    held = state_bytes(strategy, n)
+    for label, checkpointing in (("fits", "none"), ("fits with full AC", "full")):
+        headroom = CAPACITY - held - activation_bytes(ARCH, seq, 1, checkpointing=checkpointing)
+        if headroom >= 0:
+            return label, headroom, checkpointing == "full"
+    return "does not fit", headroom, True
+
+
+BUFFERS = fsdp2_buffer_bytes()
+print(f"{ARCH.n_params / 1e9:.2f}e9 parameters; activations of one {SEQ:,}-token sequence: "
+      f"{activation_bytes(ARCH, SEQ, 1) / GiB:,.1f} GiB without recomputation, "
+      f"{activation_bytes(ARCH, SEQ, 1, checkpointing='full') / GiB:.1f} GiB with full activation "
+      "checkpointing; "
+      f"FSDP2's buffers (not in the model): {BUFFERS / GiB:.1f} GiB.\n")
+
+# %%
+# Step time estimates, one long sequence per GPU
+# ----------------------------------------------
+# For ``k`` nodes (``N = 8k`` GPUs): DDP, FSDP2 with and without resharding, and HSDP, which shards
+# over a group of ``s`` GPUs (a node, or two) and replicates across the ``N/s`` groups. Communication
+# is one step's collectives (:mod:`guide.comm.model`: bf16 all-gathers, fp32 reduce-scatters and
+# all-reduces, as ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` issues them) priced
+# one after another (:func:`guide.comm.step_seconds`). Compute is ``6Ψ`` FLOPs per token, ``8Ψ``
+# with checkpointing (the forward runs twice), at the MFU above (:func:`guide.comm.compute_seconds`).
+# The step estimate assumes FSDP2's prefetching hides communication behind compute completely: it
+# is the larger of the two, a lower bound on the real step.
+NODES = (1, 2, 4, 16, 64)
+HSDP_SHARDS = (8, 16)
+GROUPS = comm.fsdp2_unit_groups(UNITS)  # fully_shard's default: the root kept, every block resharded
+NO_RESHARD = comm.fsdp2_unit_groups(UNITS, reshard_after_forward=False)
+
+
+def comm_seconds(config: str, n: int) -> float:
+    """One step's communication, estimated, for ``config`` on ``n`` GPUs."""
+    if config == Strategy.DDP.label:
+        return comm.step_seconds(comm.ddp_step(SHAPES, n, FP32), NODE)
+    if config == Strategy.FSDP2.label:
+        return comm.step_seconds(comm.fsdp2_step(GROUPS, n, BF16, FP32), NODE)
+    if config == Strategy.FSDP2_NO_RESHARD.label:
+        return comm.step_seconds(comm.fsdp2_step(NO_RESHARD, n, BF16, FP32), NODE)
+    shard = int(config.removeprefix("HSDP, shard "))
+    return comm.step_seconds(comm.hsdp_step(GROUPS, shard, n // shard, BF16, FP32), NODE,
+                             all_reduce_stride=shard)
+
+
+def memory_strategy(config: str) -> tuple[Strategy, int]:
+    """The strategy and world size whose model state a configuration holds (HSDP: FSDP2 at s)."""
+    if config.startswith("HSDP"):
+        return Strategy.FSDP2, int(config.removeprefix("HSDP, shard "))
+    return Strategy.parse(config), 0
+
+
+CONFIGS = [Strategy.DDP.label, Strategy.FSDP2.label, Strategy.FSDP2_NO_RESHARD.label,
+           *(f"HSDP, shard {s}" for s in HSDP_SHARDS)]
+rows, priced = [], {}
+for config in CONFIGS:
+    for k in NODES:
+        n = 8 * k
+        strategy, shard = memory_strategy(config)
+        if shard and n <= shard:  # HSDP needs 2+ replicas of its shard group
+            continue
+        verdict, headroom, recompute = fit(strategy, shard or n, SEQ)
+        row = {"configuration": config, "nodes": k, "GPUs": n, "memory": verdict,
+               "headroom GiB": headroom / GiB, "buffers fit": None, "comm s": None,
+               "compute s": None, "step s": None, "comm/compute": None}
+        if verdict != "does not fit":
+            communication = comm_seconds(config, n)
+            compute = comm.compute_seconds(ARCH.n_params, SEQ, PEAK_FLOPS, MFU, recompute)
+            priced[config, k] = (communication, compute)
+            row |= {"buffers fit": "yes" if headroom >= BUFFERS else "tight",
+                    "comm s": communication, "compute s": compute,
+                    "step s": max(communication, compute), "comm/compute": communication / compute}
+        rows.append(row)
+print(table(rows, formats={"headroom GiB": ".1f", "comm s": ".2f", "compute s": ".2f",
+                           "step s": ".2f", "comm/compute": ".0%"}))
+checks.expect(all(r["step s"] is None for r in rows if r["memory"] == "does not fit"), "feasibility",
+              "70B time table", "a configuration that does not fit was priced.")
+checks.expect(not any(r["memory"] == "fits" for r in rows), "feasibility", "70B time table",
+              f"a {SEQ:,}-token sequence fits without recomputation; the prose says it does not.")
+never = [c for c in CONFIGS
+         if all(r["memory"] == "does not fit" for r in rows if r["configuration"] == c)]
+fsdp2 = [priced[Strategy.FSDP2.label, k] for k in NODES if (Strategy.FSDP2.label, k) in priced]
+hidden = all(c < t for c, t in fsdp2)
+print(f"\nNever fits: {', '.join(never)}. No sequence of {SEQ:,} tokens fits without recomputation. "
+      f"Where FSDP2 fits, its communication estimate is {min(c for c, _ in fsdp2):.2f}-"
+      f"{max(c for c, _ in fsdp2):.2f} s per step against {fsdp2[0][1]:.1f} s of compute: "
+      + ("at one long sequence per GPU, its collectives can hide behind compute." if hidden else
+         "communication exceeds compute somewhere, overlap cannot hide it all."))
+
+# %%
+# When HSDP beats FSDP2
+# ---------------------
+# Real runs fix the global batch: ``BATCH_TOKENS`` tokens per optimizer step (an assumption, like
+# the sequence length). On ``N`` GPUs each GPU then runs ``M = BATCH_TOKENS / (N · SEQ_SCAN)``
+# micro-batches of one ``SEQ_SCAN``-token sequence per step and accumulates their gradients.
+# Neither FSDP2 nor HSDP can skip the reduce-scatter between micro-batches here: skipping it
+# (``set_requires_gradient_sync(False)``) keeps every gradient unsharded until the last micro-batch
+# (printed below: it does not fit). So each micro-batch gathers every parameter twice and
+# reduce-scatters every gradient, over all ``N`` GPUs for FSDP2 and over a shard group of ``s`` GPUs
+# for HSDP; HSDP then all-reduces each GPU's gradient shard across the ``N/s`` replicas **once per
+# step**, skipping it on the other micro-batches with ``set_requires_all_reduce(False)``
+# (:func:`guide.comm.hsdp_step`). Between nodes both move the same bytes per collective; FSDP2's
+# rings are longer (more ring steps, each with its latency) and it pays them on every micro-batch,
+# HSDP's all-reduce is paid once. The shard group must hold the model: two nodes or more for
+# Llama-3-70B on these GPUs (see above).
+BATCH_TOKENS = 2**22  # 4M tokens per optimizer step
+BATCHES_TOKENS_LABEL = f"{BATCH_TOKENS:,}"
+SEQ_SCAN = 4096
+SCAN_NODES = [2**i for i in range(1, 8) if 8 * 2**i * SEQ_SCAN <= BATCH_TOKENS]
+SCAN_SHARDS = (16, 32, 64)
+checks.expect(all(fit(Strategy.FSDP2, s, SEQ_SCAN)[0] != "does not fit" for s in SCAN_SHARDS),
+              "feasibility", "HSDP scan", "an HSDP shard group of the scan does not fit.")
+unsharded_grads = unsharded_param_bytes(SHAPES, 16, PRECISION)  # bf16, as the unsharded parameters
+checks.expect(unsharded_grads > CAPACITY, "feasibility", "HSDP scan", "unsharded gradients would "
+              "fit: skipping the reduce-scatter between micro-batches becomes an option.")
+print(f"Unsharded bf16 gradients of the whole model: {unsharded_grads / GiB:,.0f} GiB per GPU, more "
+      f"than the {CAPACITY / GiB:.1f} GiB of an {GPU}: every micro-batch reduce-scatters.\n")
+
+
+def scan_seconds(config: str, k: int) -> tuple[float, float]:
+    """(communication, compute) per optimizer step on ``k`` nodes, estimated."""
+    n = 8 * k
+    micro = BATCH_TOKENS // (n * SEQ_SCAN)
+    compute = micro * comm.compute_seconds(ARCH.n_params, SEQ_SCAN, PEAK_FLOPS, MFU, recompute=True)
+    if config == Strategy.FSDP2.label:
+        return micro * comm_seconds(config, n), compute
+    shard = int(config.removeprefix("HSDP, shard "))
+    per_micro = comm.step_seconds(comm.fsdp2_step(GROUPS, shard, BF16, FP32), NODE)
+    once = comm.step_seconds([c for c in comm.hsdp_step(GROUPS, shard, n // shard, BF16, FP32)
+                              if c.kind == "all_reduce"], NODE, all_reduce_stride=shard)
+    return micro * per_micro + once, compute
+
+
+SCAN_CONFIGS = [Strategy.FSDP2.label, *(f"HSDP, shard {s}" for s in SCAN_SHARDS)]
+share = {c: [None if c != SCAN_CONFIGS[0] and 8 * k <= int(c.split()[-1])  # needs 2+ replicas
+             else (lambda t: t[0] / t[1])(scan_seconds(c, k)) for k in SCAN_NODES]
+         for c in SCAN_CONFIGS}
+print(table([[k, 8 * k, BATCH_TOKENS // (8 * k * SEQ_SCAN), scan_seconds(SCAN_CONFIGS[0], k)[1],
+              *(share[c][i] for c in SCAN_CONFIGS)] for i, k in enumerate(SCAN_NODES)],
+            ["nodes", "GPUs", "micro-batches", "compute s/step", *SCAN_CONFIGS],
+            formats={"compute s/step": ".1f", **dict.fromkeys(SCAN_CONFIGS, ".1%")},
+            title="Communication per optimizer step as a share of compute (estimates)"))
+
+
+def beats_from(config: str) -> int | None:
+    """The smallest node count from which ``config``'s estimate stays below FSDP2's."""
+    for i, k in enumerate(SCAN_NODES):
+        if all(h is not None and h < f for h, f in zip(share[config][i:], share[SCAN_CONFIGS[0]][i:])):
+            return k
+    return None
+
+
+wins = {c: beats_from(c) for c in SCAN_CONFIGS[1:]}
+for c, k in wins.items():
+    ledger.claim(f"step_time.{c.lower().replace(', ', '_').replace(' ', '')}.beats_fsdp2_from",
+                 "never" if k is None else k, "nodes", guard="computed", model="llama-3-70b",
+                 batch_tokens=BATCHES_TOKENS_LABEL, seq_len=SEQ_SCAN, hardware=NODE.name)
+bound = [k for k, r in zip(SCAN_NODES, share[SCAN_CONFIGS[0]]) if r > 1]
+print("\nEstimates: " + "; ".join(f"{c} beats FSDP2 from {k} nodes on" if k else
+                                  f"{c} never beats FSDP2 in this scan" for c, k in wins.items())
+      + ". " + (f"FSDP2 is communication-bound from {bound[0]} nodes." if bound else
+                "Communication stays below compute throughout: with perfect overlap none of them "
+                "slows the step; HSDP leaves less communication to hide, which counts where "
+                "overlap is imperfect."))
+
+# %%
+# The scan, drawn: the share of compute time each configuration spends communicating.
+style()
+fig, ax = plt.subplots(figsize=(7.5, 4.4))
+HSDP_COLORS = {16: "#ff7f0e", 32: "#2ca02c", 64: "#8c564b"}
+for c in SCAN_CONFIGS:
+    color = Strategy.FSDP2.color if c == SCAN_CONFIGS[0] else HSDP_COLORS[int(c.split()[-1])]
+    ax.plot(SCAN_NODES, [math.nan if r is None else 100 * r for r in share[c]],
+            "o-" if c == SCAN_CONFIGS[0] else "s--",
+            color=color, lw=2 if c == SCAN_CONFIGS[0] else 1.3, ms=5, label=c)
+ax.set_xscale("log", base=2)
+ax.set_xticks(SCAN_NODES, [str(k) for k in SCAN_NODES])
+ax.set_ylim(bottom=0)
+ax.set_xlabel("nodes of 8 × H100 (8 × 400 Gb/s NICs each)")
+ax.set_ylabel("communication / compute per step (%)")
+ax.set_title(f"Llama-3-70B, {BATCH_TOKENS / 2**20:.0f}M tokens per step: HSDP needs less "
+             "communication at scale (estimate)", fontsize=11)
+ax.legend(loc="upper left", fontsize=9)
+plt.show()
+
+# %%
+# What the estimate leaves out
+# ----------------------------
+# Estimates from link rates: real collectives reach somewhat less (the table above), and
+# congestion in the network, stragglers, message sizes below the bus bandwidth's plateau and
+# NVLink SHARP are not modelled. Overlap is assumed perfect, and only one all-reduce per step is
+# priced for HSDP (with gradient accumulation, ``set_requires_all_reduce(False)`` skips it on all
+# but the last micro-batch, while every micro-batch still gathers). Compute counts ``6Ψ`` per token
+# and leaves out attention's ``s²`` term. Memory leaves out the CUDA context, NCCL's buffers and
+# fragmentation. Large runs of this model also add tensor parallelism inside the node, which cuts
+# both the state each GPU holds and the bytes FSDP2 gathers; this page prices data parallelism alone.
