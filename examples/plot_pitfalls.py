@@ -516,7 +516,7 @@ SUMMARY.append([run, f"loss stays {curves['optimizer first'][0]:.4f}, silently",
 # The loss, step by step: the wrong way is a flat line.
 plotting.style()
 fig, ax = plt.subplots(figsize=(7, 3.8))
-ax.plot(curves["1 process"], color=plotting.COLORS["reference"], lw=5, alpha=0.3,
+ax.plot(curves["1 process"], color=plotting.REFERENCE_COLOR, lw=5, alpha=0.3,
         label="1 process")
 ax.plot(curves["fully_shard first"], "o-", color=sharding.Strategy.FSDP2.color,
         label=f"optimizer built after fully_shard, {WORLD_SIZE} ranks")

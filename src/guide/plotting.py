@@ -23,8 +23,6 @@ __all__ = ["FLOOR", "REFERENCE_COLOR", "STYLE", "gap_axis", "style", "tolerance_
 
 #: The single-process reference run, on every page (strategies: ``Strategy.color``).
 REFERENCE_COLOR = "#222222"
-#: Deprecated: label-keyed colours, kept until the last page moves to ``Strategy.color``.
-COLORS = {"reference": REFERENCE_COLOR, "DDP": "#1f77b4", "FSDP2": "#d62728", "ZeRO-1": "#2ca02c"}
 
 STYLE = {
     "figure.dpi": 110,
@@ -68,42 +66,3 @@ def tolerance_line(ax: plt.Axes, tol: float, text: str = "tolerance (build fails
     ax.axhline(tol, color="black", lw=1, ls="--")
     ax.set_ylim(top=max(ax.get_ylim()[1], 10 * tol))
     ax.text(ax.get_xlim()[1], tol * 1.5, text, ha="right", fontsize=9)
-
-
-def loss_comparison(reference: Mapping[str, Sequence[float]],
-                    runs: Mapping[str, Mapping[str, Sequence[float]]],
-                    world_size: int, tol: float | None = None) -> plt.Figure:
-    """Top row: loss per step for the reference and each distributed run, one column per optimizer.
-    Bottom row: ``|loss - reference|`` on a log scale, zeros drawn at :data:`FLOOR`, and the
-    tolerance the build asserts (``tol``) as a line."""
-    style()
-    cols = list(reference)
-    fig, axes = plt.subplots(2, len(cols), figsize=(5.2 * len(cols), 6.4), sharex=True,
-                             squeeze=False, height_ratios=[3, 2])
-    for j, opt in enumerate(cols):
-        top, bottom = axes[0, j], axes[1, j]
-        steps = range(len(reference[opt]))
-        top.plot(steps, reference[opt], color=COLORS["reference"], lw=4, alpha=0.35,
-                 label="1 process, full batch")
-        for k, (name, losses) in enumerate(runs[opt].items()):
-            top.plot(steps, losses, color=COLORS[name], lw=1.6, ls=("-", "--")[k % 2],
-                     label=f"{name}, {world_size} ranks")
-            gaps = [max(abs(a - b), FLOOR) for a, b in zip(losses, reference[opt])]
-            bottom.plot(steps, gaps, "o-" if k == 0 else "s--", color=COLORS[name], ms=4,
-                        lw=1, label=name, alpha=0.8)
-        top.set_title(f"{opt.upper() if opt == 'sgd' else 'AdamW'}")
-        top.set_ylabel("training loss (nats/token)")
-        top.legend(loc="upper right")
-        bottom.set_yscale("log")
-        bottom.set_ylim(FLOOR / 3, max(1e-4, 10 * (tol or 0)))
-        if tol is not None:
-            bottom.axhline(tol, color="black", lw=1, ls="--")
-            bottom.text(len(reference[opt]) - 1, tol * 1.5, "tolerance (build fails above)",
-                        ha="right", fontsize=9)
-        bottom.axhline(FLOOR, color="grey", lw=0.8, ls=":")
-        bottom.text(0, FLOOR * 1.6, "bitwise equal", color="grey", fontsize=9)
-        bottom.set_ylabel("|loss − reference| (nats)")
-        bottom.set_xlabel("training step")
-        bottom.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        bottom.legend(loc="upper left", ncols=2)
-    return fig
