@@ -30,7 +30,10 @@ import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+from torch.distributed.checkpoint.format_utils import (
+    dcp_to_torch_save,
+    torch_save_to_dcp,
+)
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -40,7 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checkpoint, checks, plotting, report
+from guide import checkpoint, checks, claims, plotting, report
 from guide.data import synthetic_batches
 from guide.dtensor import full_state, local_tensor
 from guide.memory import PeakMemory, param_shapes, per_rank_state_bytes, prepare
@@ -52,12 +55,17 @@ from guide.training import OPTIMIZERS, make_optimizer, mean_over_ranks, train_st
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 CFG = ModelConfig(n_layers=1)
 K = 3  # steps before the checkpoint, and after it
-BATCHES = synthetic_batches(steps=2 * K, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)
+BATCHES = synthetic_batches(steps=2 * K, batch_size=8, seq_len=16, vocab=CFG.vocab,
+                            seed=0)
 SOURCE_N = guide.world_size(4)  # torchrun's WORLD_SIZE under torchrun
 SHAPES = param_shapes(build_model(CFG))
-ROOT = checkpoint.job_dir("guide-checkpoint")  # the same directory on every rank of every job
-print(f"{sum(torch.Size(s).numel() for s in SHAPES):,} parameters in {len(SHAPES)} tensors; "
-      f"{K} + {K} AdamW steps on batches of {BATCHES.shape[1]} sequences; checkpoints in {ROOT}")
+ROOT = checkpoint.job_dir("guide-checkpoint")  # one path for every rank of every job
+ledger = claims.Ledger("plot_checkpoint")  # every number this page states
+PARAMS = ledger.claim("tinylm.1-block.params",
+                      sum(torch.Size(s).numel() for s in SHAPES), "parameters")
+SAVED = dict(model="tinylm-1-block", optimizer="adamw", world_size=SOURCE_N, steps=K)
+print(f"{PARAMS:,} parameters in {len(SHAPES)} tensors; {K} + {K} AdamW steps on "
+      f"batches of {BATCHES.shape[1]} sequences; checkpoints in {ROOT}")
 
 # %%
 # Save: ``get_state_dict``, then ``dcp.save``
@@ -73,7 +81,7 @@ print(f"{sum(torch.Size(s).numel() for s in SHAPES):,} parameters in {len(SHAPES
 # returned does rank 0 write a manifest (size and SHA-256 of every file) and rename the directory.
 # A crash leaves a ``.partial`` directory, never a published one.
 def save(model, opt, path) -> None:
-    msd, osd = get_state_dict(model, opt)  # sharded: DTensors, optimizer state keyed by name
+    msd, osd = get_state_dict(model, opt)  # DTensors; optimizer state keyed by name
     with checkpoint.publishing(path) as partial:
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=partial)
 
@@ -92,7 +100,7 @@ def load(model, opt, path, no_dist: bool = False, with_optimizer: bool = True) -
     state = {"model": msd, "optim": osd} if with_optimizer else {"model": msd}
     checkpoint.verify(path, state)
     reader = checkpoint.CountingReader(path)
-    dcp.load(state, storage_reader=reader, no_dist=no_dist)  # no_dist: one process, no group
+    dcp.load(state, storage_reader=reader, no_dist=no_dist)  # no_dist: one process
     if with_optimizer:
         set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
     else:
@@ -129,7 +137,8 @@ def build(rank, layout: str, seed: int, cfg: ModelConfig = CFG):
 # Full states are gathered on every rank (a collective) and kept on rank 0.
 def source(rank, root, group) -> dict:
     model, opt = build(rank, "FSDP2", seed=0)
-    losses = train_steps(model, opt, BATCHES[:K], rank.rank, rank.world_size, rank.device)
+    losses = train_steps(model, opt, BATCHES[:K], rank.rank, rank.world_size,
+                         rank.device)
     start = time.perf_counter()
     save(model, opt, checkpoint.step_dir(root, K))
     out = {"save_s": time.perf_counter() - start}
@@ -138,21 +147,26 @@ def source(rank, root, group) -> dict:
     out.update(async_save_while_training(model, opt, rank, root, group))
     uninterrupted = checkpoint.gathered_state(model, opt)
     out["losses"] = losses + out.pop("losses_after")
-    return {**out, "saved": saved, "uninterrupted": uninterrupted} if rank.is_main else out
+    if not rank.is_main:
+        return out
+    return {**out, "saved": saved, "uninterrupted": uninterrupted}
 
 
 def target(rank, root, layout: str, with_optimizer: bool = True) -> dict:
     model, opt = build(rank, layout, seed=1)
     start = time.perf_counter()
-    bytes_read = load(model, opt, checkpoint.step_dir(root, K), no_dist=layout == "1 process",
-                      with_optimizer=with_optimizer)
+    bytes_read = load(model, opt, checkpoint.step_dir(root, K),
+                      no_dist=layout == "1 process", with_optimizer=with_optimizer)
     load_s = time.perf_counter() - start
     loaded = checkpoint.gathered_state(model, opt)
-    losses = train_steps(model, opt, BATCHES[K:], rank.rank, rank.world_size, rank.device)
+    losses = train_steps(model, opt, BATCHES[K:], rank.rank, rank.world_size,
+                         rank.device)
     resumed = checkpoint.gathered_state(model, opt)
     placements = getattr(next(model.parameters()), "placements", "full copy")
+    if layout in ("FSDP2", "HSDP"):
+        placements = str(tuple(placements))
     out = {"load_s": load_s, "bytes_read": bytes_read, "losses": losses,
-           "placements": str(tuple(placements)) if layout in ("FSDP2", "HSDP") else placements}
+           "placements": placements}
     return {**out, "loaded": loaded, "resumed": resumed} if rank.is_main else out
 
 
@@ -164,10 +178,12 @@ def target(rank, root, layout: str, with_optimizer: bool = True) -> dict:
 # single process reads, at the price of the whole model state on one rank.
 def full_state_dict(model, opt, rank, path) -> int:
     msd, osd = get_state_dict(model, opt,
-                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+                              options=StateDictOptions(full_state_dict=True,
+                                                       cpu_offload=True))
     if rank.is_main:
         torch.save({"model": msd, "optim": osd}, path)
-    return sum(t.nbytes for t in checkpoint.flat_tensors([msd, osd]).values())  # 0 off rank 0
+    tensors = checkpoint.flat_tensors([msd, osd])
+    return sum(t.nbytes for t in tensors.values())  # 0 off rank 0
 
 
 # %%
@@ -184,7 +200,8 @@ def async_save_while_training(model, opt, rank, root, group) -> dict:
     partial = checkpoint.begin_save(root / "async", group)
     future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=partial,
                             process_group=group)
-    losses_after = train_steps(model, opt, BATCHES[K:], rank.rank, rank.world_size, rank.device)
+    losses_after = train_steps(model, opt, BATCHES[K:], rank.rank, rank.world_size,
+                               rank.device)
     future.result()
     checkpoint.publish(partial, group)
     return {"losses_after": losses_after}
@@ -208,7 +225,7 @@ BIG = ModelConfig(vocab=1024, d_model=256, n_layers=2, n_heads=4, d_mlp=1024)
 
 
 def big_saves(rank, root, group) -> dict:
-    prepare()  # freed memory leaves the process, so that PeakMemory measures live tensors
+    prepare()  # freed memory leaves the process: PeakMemory measures live tensors
     model, opt = build(rank, "FSDP2", seed=0, cfg=BIG)
     with PeakMemory(device="cpu") as sharded:
         start = time.perf_counter()
@@ -225,8 +242,9 @@ def big_saves(rank, root, group) -> dict:
     future.result()
     start = time.perf_counter()
     checkpoint.publish(partial, group)
-    return {"peak_sharded": sharded.peak_bytes, "peak_full": full.peak_bytes, "full_held": held,
-            "save_s": save_s, "async_blocked_s": call_s + time.perf_counter() - start}
+    blocked_s = call_s + time.perf_counter() - start
+    return {"peak_sharded": sharded.peak_bytes, "peak_full": full.peak_bytes,
+            "full_held": held, "save_s": save_s, "async_blocked_s": blocked_s}
 
 
 # %%
@@ -255,11 +273,13 @@ def meta_init(rank) -> dict:
     apply_fsdp2(fixed, mesh)
     fixed.to_empty(device=rank.device)
     full = build_model(CFG, seed=0).state_dict() if rank.is_main else {}  # rank 0 only
-    set_model_state_dict(fixed, full, options=StateDictOptions(full_state_dict=True,
-                                                               broadcast_from_rank0=True))
-    trap_local = {n: local_tensor(p).detach().cpu().clone() for n, p in trap.named_parameters()}
-    return {"device": rank.device.type, "trap_local": trap_local, "trap": full_state(trap),
-            "fixed": full_state(fixed)}
+    set_model_state_dict(fixed, full,
+                         options=StateDictOptions(full_state_dict=True,
+                                                  broadcast_from_rank0=True))
+    trap_local = {n: local_tensor(p).detach().cpu().clone()
+                  for n, p in trap.named_parameters()}
+    return {"device": rank.device.type, "trap_local": trap_local,
+            "trap": full_state(trap), "fixed": full_state(fixed)}
 
 
 # %%
@@ -277,8 +297,10 @@ def job(rank, root, layouts: list[str], with_source: bool, with_meta: bool) -> d
     if with_source:
         group = dist.new_group(backend="gloo")  # for async_save's thread
         warm_up(root, group)
-        out["source"], out["big"] = source(rank, root, group), big_saves(rank, root, group)
-    out.update({(layout, rank.world_size): target(rank, root, layout) for layout in layouts})
+        out["source"] = source(rank, root, group)
+        out["big"] = big_saves(rank, root, group)
+    out.update({(layout, rank.world_size): target(rank, root, layout)
+                for layout in layouts})
     if with_meta:
         out["meta"] = meta_init(rank)
     return out
@@ -295,8 +317,9 @@ for n, layouts, with_source, with_meta in JOBS:
         big = per_rank[0].pop("big")
     if with_meta:
         meta = [r.pop("meta") for r in per_rank]
-    for key in per_rank[0]:  # a step's global loss: the mean of the ranks' (equal slices)
-        per_rank[0][key]["losses"] = mean_over_ranks([r[key]["losses"] for r in per_rank])
+    for key in per_rank[0]:  # a step's global loss: the ranks' mean (equal slices)
+        losses = [r[key]["losses"] for r in per_rank]
+        per_rank[0][key]["losses"] = mean_over_ranks(losses)
     results.update(per_rank[0])
 src = results.pop("source")
 SINGLE = guide.Rank(0, 1, torch.device("cpu"), "none")
@@ -312,7 +335,8 @@ forgot = target(SINGLE, ROOT, "1 process", with_optimizer=False)
 # parameter, ``exp_avg``, ``exp_avg_sq`` and ``step``. "bytes read" is what one rank of the target
 # read from the ``.distcp`` files: a rank fetches only the saved chunks that overlap its own rows.
 usage = checkpoint.disk_usage(checkpoint.step_dir(ROOT, K))
-CKPT_BYTES = sum(usage.file_bytes)
+CKPT_BYTES = ledger.claim("checkpoint.distcp_bytes", sum(usage.file_bytes), "bytes",
+                          **SAVED)
 
 
 def worst(a: dict, b: dict, part: str) -> float:
@@ -320,16 +344,38 @@ def worst(a: dict, b: dict, part: str) -> float:
 
 
 def name(layout: str, n: int) -> str:
-    return {"1 process": "1 process", "HSDP": f"HSDP {2}x{n // 2}"}.get(layout, f"{layout} x{n}")
+    if layout == "1 process":
+        return layout
+    return f"HSDP 2x{n // 2}" if layout == "HSDP" else f"{layout} x{n}"
+
+
+def shards(layout: str, n: int) -> int:
+    """How many pieces the target cuts each tensor into: a rank holds one of them."""
+    return {"FSDP2": n, "HSDP": n // 2}.get(layout, 1)
+
+
+def share_read(layout: str, n: int, bytes_read: int) -> float:
+    """The fraction of the checkpoint one rank read: about its own piece, 1/shards
+    (within half of that: the small records every rank needs come on top)."""
+    share, fraction = 1 / shards(layout, n), round(bytes_read / CKPT_BYTES, 2)
+    checks.expect(abs(fraction - share) < share / 2, "reads its share", name(layout, n),
+                  f"one rank read {fraction:.0%} of the checkpoint, its share is "
+                  f"{share:.0%}.")
+    target = name(layout, n).lower().replace(" ", "_")
+    return ledger.claim(f"checkpoint.load.{target}.fraction_read", fraction,
+                        "of checkpoint", guard="asserted: reads its share", **SAVED)
 
 
 rows = []
 for (layout, n), res in results.items():
     checks.assert_params_match(f"FSDP2 x{SOURCE_N} -> {name(layout, n)}", src["saved"],
                                res["loaded"], 0.0, check="checkpoint round trip")
-    rows.append([name(layout, n), res["placements"], worst(src["saved"], res["loaded"], "model."),
+    rows.append([name(layout, n), res["placements"],
+                 worst(src["saved"], res["loaded"], "model."),
                  worst(src["saved"], res["loaded"], "optim."), res["bytes_read"],
-                 res["bytes_read"] / CKPT_BYTES, res["load_s"]])
+                 share_read(layout, n, res["bytes_read"]), res["load_s"]])
+ledger.claim("checkpoint.reshard.max_abs_diff", max(max(r[2:4]) for r in rows),
+             "absolute", guard="asserted: checkpoint round trip", **SAVED)
 print(report.table(rows, ["target", "placements", "max |Δ| params", "max |Δ| optimizer",
                           "bytes read/rank", "of checkpoint", "load s"],
                    formats={"max |Δ| params": ".1e", "max |Δ| optimizer": ".1e",
@@ -338,10 +384,11 @@ print(report.table(rows, ["target", "placements", "max |Δ| params", "max |Δ| o
                          f"({CKPT_BYTES:,} bytes of .distcp files)"))
 
 # %%
-# Each rank reads the rows it will hold: about a quarter of the checkpoint for FSDP2 on 4 ranks,
-# about half for FSDP2 on 2 and for HSDP (whose shards are halves, one copy per replica), all of it
-# for DDP and the single process (the small records every rank needs, ``step`` and the optimizer's
-# hyperparameters, make up the rest), and in every case the same values, bit for bit.
+# Each rank reads the rows it will hold: about ``1/S`` of the checkpoint when the target cuts each
+# tensor into ``S`` pieces (``S = N`` for FSDP2 on ``N`` ranks, the shard-group size for HSDP, whose
+# replicas each read their own copy, and ``S = 1`` for DDP and the single process), as the "of
+# checkpoint" column shows and the build asserts; the small records every rank needs, ``step`` and
+# the optimizer's hyperparameters, come on top. In every case the values are the same, bit for bit.
 plotting.style()
 fig, ax = plt.subplots(figsize=(6.4, 3.6))
 names = [name(layout, n) for layout, n in results]
@@ -367,29 +414,50 @@ plt.show()
 # bit**: same arithmetic, same order. At another world size or layout the gradient reduction adds
 # in another order, so the runs differ in the last bits, which AdamW's division by
 # ``sqrt(exp_avg_sq)`` magnifies: the tolerance is the site's measured AdamW tolerance across world
-# sizes, ``checks.PARAM_TOL["adamw"]`` (a tenth of one learning-rate step; see
+# sizes, ``checks.PARAM_TOL["adamw"]``, a fraction of one learning-rate step (printed below; see
 # :mod:`guide.checks`). A resume that forgot the optimizer state restarts Adam's moments and step
 # count, and must fail that same check.
 checks.assert_learns(f"FSDP2 x{SOURCE_N}, uninterrupted", src["losses"])
-TOL = checks.PARAM_TOL["adamw"]
+TOL = ledger.claim("tolerance.param.adamw", checks.PARAM_TOL["adamw"], "absolute")
+adamw = make_optimizer("adamw", [torch.zeros(1, requires_grad=True)])
+LR = ledger.claim("adamw.lr", adamw.defaults["lr"], "per step")
+print(f"AdamW's parameter tolerance {TOL:.0e} is {TOL / LR:g} of its learning rate "
+      f"{LR:g}\n")
 params_after = {k: v for k, v in src["uninterrupted"].items() if k.startswith("model.")}
+RESUMES = "resume = uninterrupted"
 rows = []
 for (layout, n), res in results.items():
     run, same = f"resume: {name(layout, n)}", layout == "FSDP2" and n == SOURCE_N
     want = src["uninterrupted"] if same else params_after
     loss_gap = checks.assert_losses_match(run, src["losses"][K:], res["losses"],
                                           0.0 if same else checks.LOSS_TOL)
-    param_gap = checks.assert_params_match(run, want, {k: res["resumed"][k] for k in want},
-                                           0.0 if same else TOL, check="resume = uninterrupted")
-    rows.append([name(layout, n), "0 (bitwise)" if same else f"{TOL:.0e}", loss_gap, param_gap])
+    resumed = {k: res["resumed"][k] for k in want}
+    param_gap = checks.assert_params_match(run, want, resumed, 0.0 if same else TOL,
+                                           check=RESUMES)
+    tolerance = "0 (bitwise)" if same else f"{TOL:.0e}"
+    rows.append([name(layout, n), tolerance, loss_gap, param_gap])
 forgot_gap = worst(params_after, forgot["resumed"], "model.")
-checks.expect(not forgot_gap <= TOL, "resume = uninterrupted", "optimizer state forgotten",
-              f"max |Δ| {forgot_gap:.1e} passes the tolerance {TOL:.0e}: the check cannot tell.")
+checks.expect(not forgot_gap <= TOL, RESUMES, "optimizer state forgotten",
+              f"max |Δ| {forgot_gap:.1e} passes the tolerance {TOL:.0e}: the check "
+              "cannot tell.")
 rows.append(["1 process, optimizer state not loaded", f"{TOL:.0e}",
              checks.max_abs_diff(src["losses"][K:], forgot["losses"]), forgot_gap])
+ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
+same, others, without = rows[0], rows[1:-1], rows[-1]  # the source's own layout first
+resume = {  # claim: (printed gap, unit, the check that bounds it)
+    "same_layout.loss_gap": (same[2], "nats", "loss equivalence"),
+    "same_layout.param_gap": (same[3], "absolute", RESUMES),
+    "other_layouts.loss_gap": (max(r[2] for r in others), "nats", "loss equivalence"),
+    "other_layouts.param_gap": (max(r[3] for r in others), "absolute", RESUMES),
+    "without_optimizer_state.param_gap": (without[3], "absolute", RESUMES),
+}
+for claim, (gap, unit, check) in resume.items():
+    ledger.claim(f"checkpoint.resume.{claim}", float(f"{gap:.1e}"), unit,
+                 guard=f"asserted: {check}", **SAVED)
 print(report.table(rows, ["resumed run", "tolerance", "max |Δ| loss", "max |Δ| params"],
                    formats={"max |Δ| loss": ".1e", "max |Δ| params": ".1e"},
-                   title=f"{K} steps after the checkpoint, against the run that never stopped"))
+                   title=f"{K} steps after the checkpoint, against the run that never "
+                         "stopped"))
 
 # %%
 # On disk
@@ -401,23 +469,32 @@ print(report.table(rows, ["resumed run", "tolerance", "max |Δ| loss", "max |Δ|
 # one rank). The rest of each file is framing: DCP stores every chunk as its own ``torch.save``
 # record, with a zip header and a pickle. That costs about the same per record whatever its size,
 # so it dominates this toy and vanishes for real models.
-model_bytes = per_rank_state_bytes(SHAPES, "fsdp2", SOURCE_N, "fp32", "adamw", ddp_buckets=False)
-expected = model_bytes.params + model_bytes.optimizer
+model_bytes = per_rank_state_bytes(SHAPES, "fsdp2", SOURCE_N, "fp32", "adamw",
+                                   ddp_buckets=False)
+expected = ledger.claim("checkpoint.rank_file.params_and_optimizer_bytes",
+                        model_bytes.params + model_bytes.optimizer, "bytes",
+                        guard="asserted: checkpoint size", precision="fp32", **SAVED)
 steps_bytes = len(SHAPES) * OPTIMIZERS["adamw"].step_bytes
 for r, held in enumerate(usage.tensor_bytes):
-    checks.expect(expected - steps_bytes <= held <= expected, "checkpoint size", f"rank {r}",
+    checks.expect(expected - steps_bytes <= held <= expected, "checkpoint size",
+                  f"rank {r}",
                   f"{held:,} tensor bytes on disk; the model says {expected:,} "
                   f"(less up to {steps_bytes:,} of step counters).")
-checks.expect(sum(usage.tensor_bytes) == SOURCE_N * expected - (SOURCE_N - 1) * steps_bytes,
-              "checkpoint size", "all ranks", f"{sum(usage.tensor_bytes):,} tensor bytes; expected "
-              f"{SOURCE_N} x {expected:,} less {SOURCE_N - 1} x {steps_bytes:,} of step counters.")
+on_disk = sum(usage.tensor_bytes)
+checks.expect(on_disk == SOURCE_N * expected - (SOURCE_N - 1) * steps_bytes,
+              "checkpoint size", "all ranks",
+              f"{on_disk:,} tensor bytes; expected {SOURCE_N} x {expected:,} less "
+              f"{SOURCE_N - 1} x {steps_bytes:,} of step counters.")
+METADATA = ledger.claim("checkpoint.metadata_bytes", usage.metadata_bytes, "bytes",
+                        **SAVED)
+SAVE_S = ledger.claim("checkpoint.save_seconds", round(src["save_s"], 2), "s", **SAVED)
 print(report.table(
     [[r, usage.file_bytes[r], expected, usage.tensor_bytes[r], usage.entries[r],
       usage.framing_bytes[r] / usage.entries[r]] for r in range(len(usage.file_bytes))],
     ["rank", "file bytes", "model: params + optimizer", "tensor bytes", "records",
      "framing/record"], formats={"framing/record": ",.0f"},
-    title=f".metadata: {usage.metadata_bytes:,} bytes; the save took {src['save_s']:.2f} s "
-          f"(rank 0, publishing included)"))
+    title=f".metadata: {METADATA:,} bytes; the save took {SAVE_S:.2f} s "
+          "(rank 0, publishing included)"))
 
 # %%
 # The full state dict, and one file for ``torch.load``
@@ -433,43 +510,68 @@ print(report.table(
 with torch.device("meta"):  # shapes only
     big_shapes = param_shapes(TinyLM(BIG))
 whole = per_rank_state_bytes(big_shapes, "ddp", 1, "fp32", "adamw", ddp_buckets=False)
-share = per_rank_state_bytes(big_shapes, "fsdp2", SOURCE_N, "fp32", "adamw", ddp_buckets=False)
-checks.expect(big["full_held"] == whole.params + whole.optimizer, "full state dict", "rank 0",
-              f"held {big['full_held']:,} bytes; the whole model state is "
+share = per_rank_state_bytes(big_shapes, "fsdp2", SOURCE_N, "fp32", "adamw",
+                             ddp_buckets=False)
+checks.expect(big["full_held"] == whole.params + whole.optimizer, "full state dict",
+              "rank 0", f"held {big['full_held']:,} bytes; the whole model state is "
               f"{whole.params + whole.optimizer:,}.")
 checks.expect(big["peak_full"] >= big["full_held"], "full state dict", "rank 0",
-              f"peak {big['peak_full']:,} bytes, below the {big['full_held']:,} it held.")
-checks.expect(big["peak_sharded"] < 1.5 * (share.params + share.optimizer), "sharded save",
-              "rank 0", f"peak {big['peak_sharded']:,} bytes, not below 1.5 x its share "
+              f"peak {big['peak_full']:,} bytes, below the {big['full_held']:,} it "
+              "held.")
+checks.expect(big["peak_sharded"] < 1.5 * (share.params + share.optimizer),
+              "sharded save", "rank 0",
+              f"peak {big['peak_sharded']:,} bytes, not below 1.5 x its share "
               f"{share.params + share.optimizer:,}.")
-print(report.table(
-    [["sharded: get_state_dict + dcp.save", big["peak_sharded"], share.params + share.optimizer],
-     ["full_state_dict=True, cpu_offload=True", big["peak_full"], big["full_held"]]],
-    ["rank 0 saving with", "peak memory (bytes)", "model state it stands for"],
-    title=f"BIG: {sum(torch.Size(s).numel() for s in big_shapes):,} parameters, "
-          f"AdamW, FSDP2 x{SOURCE_N}"))
+ON_BIG = dict(model="checkpoint-big", optimizer="adamw", precision="fp32",
+              world_size=SOURCE_N)
+BIG_PARAMS = ledger.claim("checkpoint.big.params",
+                          sum(torch.Size(s).numel() for s in big_shapes), "parameters")
+print(report.table([["sharded: get_state_dict + dcp.save",
+                     ledger.claim("checkpoint.big.sharded_save.peak_bytes",
+                                  big["peak_sharded"], "bytes",
+                                  guard="asserted: sharded save", **ON_BIG),
+                     share.params + share.optimizer],
+                    ["full_state_dict=True, cpu_offload=True",
+                     ledger.claim("checkpoint.big.full_state_dict.peak_bytes",
+                                  big["peak_full"], "bytes",
+                                  guard="asserted: full state dict", **ON_BIG),
+                     ledger.claim("checkpoint.big.full_state_dict.held_bytes",
+                                  big["full_held"], "bytes",
+                                  guard="asserted: full state dict", **ON_BIG)]],
+                   ["rank 0 saving with", "peak memory (bytes)",
+                    "model state it stands for"],
+                   title=f"BIG: {BIG_PARAMS:,} parameters, AdamW, FSDP2 x{SOURCE_N}"))
 
 plain = torch.load(ROOT / "full.pt", weights_only=True)
 model, opt = build(SINGLE, "1 process", seed=1)
-set_state_dict(model, opt, model_state_dict=plain["model"], optim_state_dict=plain["optim"])
+set_state_dict(model, opt, model_state_dict=plain["model"],
+               optim_state_dict=plain["optim"])
 checks.assert_params_match("torch.load(full.pt, weights_only=True)", src["saved"],
-                           checkpoint.gathered_state(model, opt), 0.0, check="full state dict")
+                           checkpoint.gathered_state(model, opt), 0.0,
+                           check="full state dict")
 
-HERE = ROOT / f"process-{dist.get_rank() if dist.is_initialized() else 0}"  # torchrun: one per rank
+# under torchrun: one directory per rank
+HERE = ROOT / f"process-{dist.get_rank() if dist.is_initialized() else 0}"
 HERE.mkdir(exist_ok=True)
 dcp_to_torch_save(checkpoint.step_dir(ROOT, K), HERE / "converted.pt")
-converted = checkpoint.flat_tensors(torch.load(HERE / "converted.pt", weights_only=True))
+converted = torch.load(HERE / "converted.pt", weights_only=True)
+converted = checkpoint.flat_tensors(converted)
 checks.assert_params_match("dcp_to_torch_save", src["saved"],
-                           {k: converted[k] for k in src["saved"]}, 0.0, check="format conversion")
+                           {k: converted[k] for k in src["saved"]}, 0.0,
+                           check="format conversion")
 torch_save_to_dcp(ROOT / "full.pt", HERE / "from-torch-save")
 model, opt = build(SINGLE, "1 process", seed=1)
 msd, osd = get_state_dict(model, opt)
-checkpoint.verify(HERE / "from-torch-save", {"model": msd, "optim": osd}, manifest=False)
-dcp.load({"model": msd, "optim": osd}, checkpoint_id=HERE / "from-torch-save", no_dist=True)
+checkpoint.verify(HERE / "from-torch-save", {"model": msd, "optim": osd},
+                  manifest=False)
+dcp.load({"model": msd, "optim": osd}, checkpoint_id=HERE / "from-torch-save",
+         no_dist=True)
 set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
-checks.assert_params_match("torch_save_to_dcp", src["saved"], checkpoint.gathered_state(model, opt),
-                           0.0, check="format conversion")
-print("full.pt, dcp_to_torch_save and torch_save_to_dcp: each equals the sharded save, bitwise")
+checks.assert_params_match("torch_save_to_dcp", src["saved"],
+                           checkpoint.gathered_state(model, opt), 0.0,
+                           check="format conversion")
+print("full.pt, dcp_to_torch_save and torch_save_to_dcp: each equals the sharded save, "
+      "bitwise")
 
 # %%
 # ``async_save``: how long training waits
@@ -481,11 +583,16 @@ print("full.pt, dcp_to_torch_save and torch_save_to_dcp: each equals the sharded
 model, opt = build(SINGLE, "1 process", seed=1)
 load(model, opt, ROOT / "async", no_dist=True)
 checks.assert_params_match("async_save, then training went on", src["saved"],
-                           checkpoint.gathered_state(model, opt), 0.0, check="async checkpoint")
-checks.expect(big["async_blocked_s"] < big["save_s"], "async_save", f"BIG, FSDP2 x{SOURCE_N}",
-              f"blocked {big['async_blocked_s']:.3f} s, the blocking save {big['save_s']:.3f} s.")
-print(f"BIG, rank 0: training blocked {big['save_s'] * 1e3:.0f} ms by dcp.save, "
-      f"{big['async_blocked_s'] * 1e3:.0f} ms by dcp.async_save (the call and the publish)")
+                           checkpoint.gathered_state(model, opt), 0.0,
+                           check="async checkpoint")
+checks.expect(big["async_blocked_s"] < big["save_s"], "async_save",
+              f"BIG, FSDP2 x{SOURCE_N}", f"blocked {big['async_blocked_s']:.3f} s, the "
+              f"blocking save {big['save_s']:.3f} s.")
+blocked = {how: ledger.claim(f"checkpoint.big.{how}.blocked_ms", round(big[key] * 1e3),
+                             "ms", guard="asserted: async_save", **ON_BIG)
+           for how, key in (("save", "save_s"), ("async_save", "async_blocked_s"))}
+print(f"BIG, rank 0: training blocked {blocked['save']} ms by dcp.save, "
+      f"{blocked['async_save']} ms by dcp.async_save (the call and the publish)")
 
 # %%
 # Meta-device init, measured
@@ -493,18 +600,24 @@ print(f"BIG, rank 0: training blocked {big['save_s'] * 1e3:.0f} ms by dcp.save, 
 # The trap left a model far from the single-process one; on a CPU mesh every rank also holds the
 # same local values. The fix gives the single-process model, bit for bit.
 reference_init = full_state(build_model(CFG, seed=0))
-trap_gap = max((meta[0]["trap"][k] - v).abs().max().item() for k, v in reference_init.items())
-checks.expect(trap_gap > 0.0 or len(meta) == 1, "meta-device trap", "reset_parameters on shards",
-              "the trap did not reproduce: the model equals the single-process init.")
+trap_gap = max((meta[0]["trap"][k] - v).abs().max().item()
+               for k, v in reference_init.items())
+checks.expect(trap_gap > 0.0 or len(meta) == 1, "meta-device trap",
+              "reset_parameters on shards", "the trap did not reproduce: the model "
+              "equals the single-process init.")
 same_everywhere = all(torch.equal(m["trap_local"][k], meta[0]["trap_local"][k])
                       for m in meta for k in m["trap_local"])
-checks.expect(same_everywhere or meta[0]["device"] != "cpu", "meta-device trap", "CPU mesh",
-              "the ranks' local shards differ: DTensor's CPU random ops changed.")
-checks.assert_params_match("meta + broadcast_from_rank0", reference_init, meta[0]["fixed"], 0.0,
-                           check="meta-device init")
-print(f"reset_parameters() on {len(meta)} ranks' shards: max |Δ| to the single-process init "
-      f"{trap_gap:.2f}; identical local values on every rank: {same_everywhere}. "
-      f"set_model_state_dict(broadcast_from_rank0=True): bitwise equal")
+checks.expect(same_everywhere or meta[0]["device"] != "cpu", "meta-device trap",
+              "CPU mesh", "the ranks' local shards differ: DTensor's CPU random ops "
+              "changed.")
+checks.assert_params_match("meta + broadcast_from_rank0", reference_init,
+                           meta[0]["fixed"], 0.0, check="meta-device init")
+trap_gap = ledger.claim("checkpoint.meta_init.trap_gap", round(trap_gap, 2), "absolute",
+                        guard="asserted: meta-device trap", model="tinylm-1-block",
+                        world_size=len(meta))
+print(f"reset_parameters() on {len(meta)} ranks' shards: max |Δ| to the single-process "
+      f"init {trap_gap:.2f}; identical local values on every rank: {same_everywhere}. "
+      "set_model_state_dict(broadcast_from_rank0=True): bitwise equal")
 
 # %%
 # Faults: what a crash leaves behind

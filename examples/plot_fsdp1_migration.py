@@ -60,7 +60,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checkpoint, checks, comm, plotting, precision
+from guide import checkpoint, checks, claims, comm, plotting, precision
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.dtensor import local_tensor
@@ -68,23 +68,30 @@ from guide.memory import StateBytes, measure, param_shapes, state_bytes_by_rank
 from guide.model import Block, ModelConfig, build_model
 from guide.report import table
 from guide.sharding import fsdp2_units
-from guide.training import (make_optimizer, mean_over_ranks, next_token_loss, reference_run,
-                            train_steps)
+from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
+                            reference_run, train_steps)
 
-WORLD_SIZE = guide.world_size(4)  # 4 here; torchrun's WORLD_SIZE when run under torchrun
+WORLD_SIZE = guide.world_size(4)  # 4 here; torchrun's WORLD_SIZE under torchrun
 if WORLD_SIZE < 4 or WORLD_SIZE % 2:
-    raise ValueError("the HYBRID_SHARD row needs a 2 x N mesh with N >= 2: run this page on an "
-                     f"even number of ranks, at least 4 (got {WORLD_SIZE}).")
+    raise ValueError("the HYBRID_SHARD row needs a 2 x N mesh with N >= 2: run this "
+                     f"page on an even number of ranks, at least 4 (got {WORLD_SIZE}).")
 STEPS = 3
 CFG = ModelConfig(vocab=128, d_model=64, n_layers=2, n_heads=4, d_mlp=256)
-BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16, vocab=CFG.vocab,
-                            seed=0)  # 4 sequences per rank
+BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
+                            vocab=CFG.vocab, seed=0)  # 4 sequences per rank
 BF16 = dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+ledger = claims.Ledger("plot_fsdp1_migration")  # every number this page states
+PARAMS = ledger.claim("tinylm.2-blocks.params",
+                      sum(p.numel() for p in build_model(CFG).parameters()),
+                      "parameters")
+print(f"TinyLM with {CFG.n_layers} blocks, {PARAMS:,} parameters, on {WORLD_SIZE} "
+      "ranks")
 
 
 def fsdp1(rank: guide.Rank, **options) -> torch.nn.Module:
-    return FSDP(build_model(CFG, device=rank.device), auto_wrap_policy=ModuleWrapPolicy({Block}),
-                device_id=rank.device, **options)
+    return FSDP(build_model(CFG, device=rank.device),
+                auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=rank.device,
+                **options)
 
 
 def fsdp2(rank: guide.Rank, mesh=None, **options) -> torch.nn.Module:
@@ -103,7 +110,7 @@ def mesh_2d(rank: guide.Rank):
 
 def ddp(rank: guide.Rank) -> torch.nn.Module:
     model = DDP(build_model(CFG, device=rank.device))
-    comm.count_ddp_allreduce(model)  # make DDP's C++ all-reduce visible to CollectiveLog
+    comm.count_ddp_allreduce(model)  # DDP's C++ all-reduce, visible to CollectiveLog
     return model
 
 
@@ -116,24 +123,27 @@ def ddp(rank: guide.Rank) -> torch.nn.Module:
 # ``FULL_SHARD`` row's (FSDP2 has no other kind of parameter). The ``no_sync`` row accumulates
 # gradients over ``K`` micro-batches; the state-dict row is the checkpoint at the end.
 K = 2
+S = ShardingStrategy  # short, for the table below
 ROWS = {
-    "FULL_SHARD": (lambda rank: fsdp1(rank, sharding_strategy=ShardingStrategy.FULL_SHARD),
+    "FULL_SHARD": (lambda rank: fsdp1(rank, sharding_strategy=S.FULL_SHARD),
                    lambda rank: fsdp2(rank)),
-    "SHARD_GRAD_OP": (lambda rank: fsdp1(rank, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP),
+    "SHARD_GRAD_OP": (lambda rank: fsdp1(rank, sharding_strategy=S.SHARD_GRAD_OP),
                       lambda rank: fsdp2(rank, reshard_after_forward=False)),
-    "NO_SHARD": (lambda rank: fsdp1(rank, sharding_strategy=ShardingStrategy.NO_SHARD), ddp),
-    "HYBRID_SHARD": (lambda rank: fsdp1(rank, sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+    "NO_SHARD": (lambda rank: fsdp1(rank, sharding_strategy=S.NO_SHARD), ddp),
+    "HYBRID_SHARD": (lambda rank: fsdp1(rank, sharding_strategy=S.HYBRID_SHARD,
                                         device_mesh=mesh_2d(rank)),
                      lambda rank: fsdp2(rank, mesh=mesh_2d(rank))),
     "MixedPrecision": (lambda rank: fsdp1(rank, mixed_precision=MixedPrecision(**BF16)),
-                       lambda rank: fsdp2(rank, mp_policy=MixedPrecisionPolicy(**BF16))),
+                       lambda rank: fsdp2(rank,
+                                          mp_policy=MixedPrecisionPolicy(**BF16))),
     "no_sync": (lambda rank: fsdp1(rank), lambda rank: fsdp2(rank)),
     "use_orig_params": (lambda rank: fsdp1(rank, use_orig_params=True), None),
 }
 
 
 def micro_step(model, tokens: torch.Tensor, sync: bool) -> float:
-    """One micro-batch of ``K``; ``sync=False`` keeps its gradients local (no reduction)."""
+    """One micro-batch of ``K``; ``sync=False`` keeps its gradients local (no
+    reduction)."""
     if isinstance(model, FSDP):
         ctx = contextlib.nullcontext() if sync else model.no_sync()  # FSDP1
     else:
@@ -145,14 +155,16 @@ def micro_step(model, tokens: torch.Tensor, sync: bool) -> float:
     return loss.item()
 
 
-def train(model, opt, rank: guide.Rank, batches: torch.Tensor, accumulate: bool) -> list[float]:
+def train(model, opt, rank: guide.Rank, batches: torch.Tensor,
+          accumulate: bool) -> list[float]:
     if not accumulate:
         return train_steps(model, opt, batches, rank.rank, rank.world_size, rank.device)
     losses = []
     for step_micro in micro_batches(batches, K):
         opt.zero_grad(set_to_none=True)
-        losses.append(sum(micro_step(model, rank_slice(micro, rank.rank, rank.world_size),
-                                     sync=m == K - 1) for m, micro in enumerate(step_micro)))
+        mine = [rank_slice(micro, rank.rank, rank.world_size) for micro in step_micro]
+        losses.append(sum(micro_step(model, tokens, sync=m == K - 1)
+                          for m, tokens in enumerate(mine)))
         opt.step()
     return losses
 
@@ -195,11 +207,12 @@ def run_side(rank: guide.Rank, build, accumulate: bool) -> dict:
 
 
 def full_training_state(model, opt) -> dict[str, torch.Tensor]:
-    """Full parameters and optimizer state, copied: the optimizer's 0-d ``step`` tensors come back
-    as the optimizer's own, which a later load would overwrite."""
+    """Full parameters and optimizer state, copied: the optimizer's 0-d ``step``
+    tensors come back as the optimizer's own, which a later load would overwrite."""
     model_sd, optim_sd = get_state_dict(model, opt,
                                         options=StateDictOptions(full_state_dict=True))
-    flat = checkpoint.flat_tensors({"model": model_sd, "optim": {"state": optim_sd["state"]}})
+    flat = checkpoint.flat_tensors({"model": model_sd,
+                                    "optim": {"state": optim_sd["state"]}})
     return {name: t.clone() for name, t in flat.items()}
 
 
@@ -208,20 +221,24 @@ def checkpoint_row(rank: guide.Rank, directory: str) -> dict:
         warnings.simplefilter("always")
         model = fsdp1(rank)
         opt = make_optimizer("adamw", model.parameters())
-        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
-        with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):  # FSDP1's way
-            saved = {"model": model.state_dict(), "optim": FSDP.optim_state_dict(model, opt)}
+        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size,
+                             rank.device)
+        # FSDP1's way
+        with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+            saved = {"model": model.state_dict(),
+                     "optim": FSDP.optim_state_dict(model, opt)}
         dcp.save(saved, checkpoint_id=directory)
 
     model2 = fsdp2(rank)
     opt2 = make_optimizer("adamw", model2.parameters())
     before = full_training_state(model2, opt2)
-    model_sd, optim_sd = get_state_dict(model2, opt2)  # FSDP2's way: DTensor state dicts
+    model_sd, optim_sd = get_state_dict(model2, opt2)  # FSDP2's way: DTensors
     loaded = {"model": model_sd, "optim": optim_sd}
     dcp.load(loaded, checkpoint_id=directory)
-    set_state_dict(model2, opt2, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
-    return {"losses": losses, "fsdp1": full_training_state(model, opt), "before": before,
-            "fsdp2": full_training_state(model2, opt2),
+    set_state_dict(model2, opt2, model_state_dict=loaded["model"],
+                   optim_state_dict=loaded["optim"])
+    return {"losses": losses, "fsdp1": full_training_state(model, opt),
+            "before": before, "fsdp2": full_training_state(model2, opt2),
             "warnings": {str(w.message) for w in caught},
             "keys": {"FSDP1": {k: type(v).__name__ for k, v in saved["model"].items()},
                      "FSDP2": {k: type(v).__name__ for k, v in model_sd.items()}}}
@@ -249,7 +266,7 @@ def all_rows(rank: guide.Rank, directory: str) -> dict:
     return out
 
 
-CHECKPOINT_DIR = checkpoint.job_dir("fsdp1-to-fsdp2")  # the same directory on every rank
+CHECKPOINT_DIR = checkpoint.job_dir("fsdp1-to-fsdp2")  # the same path on every rank
 per_rank = guide.launch(all_rows, WORLD_SIZE, str(CHECKPOINT_DIR))
 results = {key: [r[key] for r in per_rank] for key in per_rank[0]}
 ROWS_RUN = {**{key: value for key, value in results.items() if isinstance(key, tuple)},
@@ -276,17 +293,38 @@ for (row, side), ranks in ROWS_RUN.items():
     losses, params = mean_over_ranks([r["losses"] for r in ranks]), ranks[0]["params"]
     if row == "MixedPrecision":
         precision.assert_loss_gap_within(run, ref_losses, losses, bf16_bounds)
-        dparam = checks.assert_params_match(run, ROWS_RUN[row, "FSDP1"][0]["params"], params,
-                                            checks.PARAM_TOL["sgd"], check="FSDP1 vs FSDP2")
-        rows.append([row, side, checks.max_abs_diff(ref_losses, losses), min(bf16_bounds),
-                     dparam, "FSDP1"])
+        dparam = checks.assert_params_match(run, ROWS_RUN[row, "FSDP1"][0]["params"],
+                                            params, checks.PARAM_TOL["sgd"],
+                                            check="FSDP1 vs FSDP2")
+        rows.append([row, side, checks.max_abs_diff(ref_losses, losses),
+                     min(bf16_bounds), dparam, "FSDP1"])
     else:
         dloss = checks.assert_losses_match(run, ref_losses, losses)
-        dparam = checks.assert_params_match(run, ref_params, params, checks.PARAM_TOL["sgd"])
+        dparam = checks.assert_params_match(run, ref_params, params,
+                                            checks.PARAM_TOL["sgd"])
         rows.append([row, side, dloss, checks.LOSS_TOL, dparam, "reference"])
-print(table(rows, ["row", "side", "max |Δloss|", "loss tol", "max |Δparam|", "params against"],
+SGD_TOL = ledger.claim("tolerance.param.sgd", checks.PARAM_TOL["sgd"], "absolute")
+ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
+EVERY_ROW = dict(model="tinylm-2-blocks", optimizer="sgd", world_size=WORLD_SIZE,
+                 steps=STEPS)
+fp32 = [r for r in rows if r[0] != "MixedPrecision"]
+bf16 = [r for r in rows if r[0] == "MixedPrecision"]
+worst = {  # claim: (the worst gap printed, unit, the check that bounds it)
+    "fp32.loss_gap": (max(r[2] for r in fp32), "nats", "loss equivalence"),
+    "fp32.param_gap": (max(r[4] for r in fp32), "absolute", "parameter equivalence"),
+    "bf16.loss_gap": (max(r[2] for r in bf16), "nats", "loss gap"),
+    "bf16.fsdp1_vs_fsdp2.param_gap": (max(r[4] for r in bf16), "absolute",
+                                      "FSDP1 vs FSDP2"),
+}
+for claim, (gap, unit, check) in worst.items():
+    ledger.claim(f"fsdp1_migration.{claim}", float(f"{gap:.1e}"), unit,
+                 guard=f"asserted: {check}", **EVERY_ROW)
+ledger.claim("fsdp1_migration.bf16.loss_gap_bound", float(f"{min(bf16_bounds):.1e}"),
+             "nats", **EVERY_ROW)
+print(table(rows, ["row", "side", "max |Δloss|", "loss tol", "max |Δparam|",
+                   "params against"],
             formats={"max |Δloss|": ".1e", "loss tol": ".1e", "max |Δparam|": ".1e"},
-            title=f"Against the fp32 reference (parameter tol {checks.PARAM_TOL['sgd']:.0e})"))
+            title=f"Against the fp32 reference (parameter tol {SGD_TOL:.0e})"))
 
 # %%
 # 2. Collectives per step, against the model
@@ -300,25 +338,37 @@ shapes = param_shapes(build_model(CFG))
 groups = comm.fsdp2_groups(build_model(CFG))
 step_fsdp = comm.fsdp2_step(groups, WORLD_SIZE)
 gathers = [c for c in step_fsdp if c.kind == "all_gather"]
+kept = comm.fsdp2_groups(build_model(CFG), False)  # reshard_after_forward=False
 MODEL = {
     "FULL_SHARD": step_fsdp,
-    "SHARD_GRAD_OP": comm.fsdp2_step(comm.fsdp2_groups(build_model(CFG), False), WORLD_SIZE),
+    "SHARD_GRAD_OP": comm.fsdp2_step(kept, WORLD_SIZE),
     "NO_SHARD": comm.ddp_step(shapes, WORLD_SIZE),
     "HYBRID_SHARD": comm.hsdp_step(groups, WORLD_SIZE // 2, 2),
-    "MixedPrecision": comm.fsdp2_step(groups, WORLD_SIZE, torch.bfloat16, torch.float32),
+    "MixedPrecision": comm.fsdp2_step(groups, WORLD_SIZE, torch.bfloat16,
+                                      torch.float32),
     "no_sync": (K - 1) * gathers + step_fsdp,  # per optimizer step of K micro-batches
     "use_orig_params": step_fsdp,
 }
+# counts other pages state too (the same at any world size)
+COUNTED = {"FULL_SHARD": "fsdp2", "SHARD_GRAD_OP": "fsdp2_no_reshard"}
 rows = []
 for (row, side), ranks in ROWS_RUN.items():
     records = ranks[0]["collectives"]
     checks.check_volume(f"{row}, {side} x{WORLD_SIZE}", records, MODEL[row], STEPS - 1)
-    calls = [c.kind for c in records]
-    rows.append([row, side, *(calls.count(k) // (STEPS - 1)
-                              for k in ("all_gather", "reduce_scatter", "all_reduce")),
-                 sum(c.bytes for c in records) // (STEPS - 1)])
-print(table(rows, ["row", "side", "all-gathers", "reduce-scatters", "all-reduces", "bytes"],
-            title="Measured per step on rank 0, equal to the model (no_sync: per optimizer step)"))
+    calls = {k: [c.kind for c in records].count(k) // (STEPS - 1)
+             for k in ("all_gather", "reduce_scatter", "all_reduce")}
+    if row in COUNTED:
+        for kind in ("all_gather", "reduce_scatter"):
+            ledger.claim(f"tinylm.2-blocks.{COUNTED[row]}.{kind}s_per_step",
+                         calls[kind], "calls", guard="asserted: comm calls")
+    sent = ledger.claim(f"fsdp1_migration.comm.{row.lower()}.bytes_per_step",
+                        sum(c.bytes for c in records) // (STEPS - 1), "bytes",
+                        guard="asserted: comm volume", **EVERY_ROW)
+    rows.append([row, side, *calls.values(), sent])
+print(table(rows, ["row", "side", "all-gathers", "reduce-scatters", "all-reduces",
+                   "bytes"],
+            title="Measured per step on rank 0, equal to the model (no_sync: per "
+                  "optimizer step)"))
 
 # %%
 # 3. Memory per rank, against the model
@@ -331,21 +381,24 @@ print(table(rows, ["row", "side", "all-gathers", "reduce-scatters", "all-reduces
 
 
 def fsdp1_state_bytes(shard_group: int) -> StateBytes:
-    """Predicted bytes of an FSDP1 rank: per unit, a 1/shard_group share of the padded flat
-    parameter and of its gradient (fp32, SGD)."""
+    """Predicted bytes of an FSDP1 rank: per unit, a 1/shard_group share of the padded
+    flat parameter and of its gradient (fp32, SGD)."""
     elements = sum(math.ceil(sum(p.numel() for p in unit) / shard_group)
                    for unit in fsdp2_units(build_model(CFG)))
     return StateBytes(params=4 * elements, grads=4 * elements, optimizer=0, buckets=0)
 
 
 def predicted_bytes(row: str, side: str, rank: int) -> StateBytes:
-    """What ``rank`` should hold on one side of one row (shard group: 1, all ranks, or half)."""
+    """What ``rank`` should hold on one side of one row (shard group: 1, all ranks, or
+    half of them)."""
     group = {"NO_SHARD": 1, "HYBRID_SHARD": WORLD_SIZE // 2}.get(row, WORLD_SIZE)
     if side == "FSDP1":
         return fsdp1_state_bytes(group)
     if row == "NO_SHARD":
-        return state_bytes_by_rank(shapes, "ddp", WORLD_SIZE, "fp32", "sgd", ddp_buckets=True)[rank]
-    by_position = state_bytes_by_rank(shapes, "fsdp2", group, "fp32", "sgd", ddp_buckets=False)
+        return state_bytes_by_rank(shapes, "ddp", WORLD_SIZE, "fp32", "sgd",
+                                   ddp_buckets=True)[rank]
+    by_position = state_bytes_by_rank(shapes, "fsdp2", group, "fp32", "sgd",
+                                      ddp_buckets=False)
     return by_position[rank % group]
 
 
@@ -356,9 +409,12 @@ for (row, side), ranks in ROWS_RUN.items():
         checks.expect(got == want, "memory", f"{row}, {side}, rank {r}",
                       f"measured {got}, model {want}")
     s = ranks[0]["state"]
-    rows.append([row, side, s.params, s.grads, s.buckets, s.total])
+    total = ledger.claim(f"fsdp1_migration.memory.{row.lower()}.{side.lower()}.total",
+                         s.total, "bytes", guard="asserted: memory", **EVERY_ROW)
+    rows.append([row, side, s.params, s.grads, s.buckets, total])
 print(table(rows, ["row", "side", "params", "grads", "DDP buckets", "total"],
-            title="Bytes held by rank 0 between steps (measured = model on every rank)"))
+            title="Bytes held by rank 0 between steps (measured = model on every "
+                  "rank)"))
 
 # %%
 # 4. What ``named_parameters()`` and the state dict show
@@ -377,25 +433,25 @@ def shown(named) -> list:
     return [len(named), name, kind, str(local)]
 
 
-print(table([[side, *shown(results[row, kind][0]["named"])]
-             for side, row, kind in (("FSDP1, use_orig_params=False", "FULL_SHARD", "FSDP1"),
-                                     ("FSDP1, use_orig_params=True", "use_orig_params", "FSDP1"),
-                                     ("FSDP2", "FULL_SHARD", "FSDP2"))],
-            ["side", "parameters", "the one holding blocks.0.qkv.weight", "type", "rank 0 local"],
-            title="named_parameters() on rank 0"))
+SIDES = {"FSDP1, use_orig_params=False": ("FULL_SHARD", "FSDP1"),
+         "FSDP1, use_orig_params=True": ("use_orig_params", "FSDP1"),
+         "FSDP2": ("FULL_SHARD", "FSDP2")}
+print(table([[side, *shown(results[key][0]["named"])] for side, key in SIDES.items()],
+            ["side", "parameters", "the one holding blocks.0.qkv.weight", "type",
+             "rank 0 local"], title="named_parameters() on rank 0"))
 
 # %%
 # The shapes in that table are the difference between the two designs. Below, each rank's share of
 # block 0, read from the local parameter sizes every rank reported: FSDP1 (``use_orig_params=True``)
-# flattens the block's parameters into one vector and gives each rank a contiguous quarter of it,
-# so a rank may hold all of one weight and none of the next; FSDP2 gives each rank a quarter of the
+# flattens the block's parameters into one vector and gives each rank a contiguous ``1/N`` of it,
+# so a rank may hold all of one weight and none of the next; FSDP2 gives each rank ``1/N`` of the
 # rows of *every* parameter.
 
 
 def block0_shares(side_results) -> list[tuple[str, list[int]]]:
     """(parameter, elements held by each rank) for block 0's parameters, in order."""
-    per_rank = [{n.replace("_fsdp_wrapped_module.", ""): math.prod(s) for n, _, s in r["named"]}
-                for r in side_results]
+    per_rank = [{n.replace("_fsdp_wrapped_module.", ""): math.prod(s)
+                 for n, _, s in r["named"]} for r in side_results]
     return [(n.removeprefix("blocks.0."), [held[n] for held in per_rank])
             for n in per_rank[0] if n.startswith("blocks.0.")]
 
@@ -413,10 +469,11 @@ for y, (side, shares) in zip((1, 0), sides.items()):
             ax.barh(y, held / 1e3, left=start / 1e3, color=rank_colors[r], height=0.6,
                     label=f"rank {r}")
             start += held
-    else:  # every parameter split on dim 0: a quarter of each, in rank order
+    else:  # every parameter split on dim 0: 1/N of each, in rank order
         for _, counts in shares:
             for r, held in enumerate(counts):
-                ax.barh(y, held / 1e3, left=start / 1e3, color=rank_colors[r], height=0.6)
+                ax.barh(y, held / 1e3, left=start / 1e3, color=rank_colors[r],
+                        height=0.6)
                 start += held
 edge = 0
 for name, counts in sides["FSDP2"]:
@@ -427,8 +484,8 @@ for name, counts in sides["FSDP2"]:
 ax.set_yticks([1, 0], ["FSDP1\nflat parameter", "FSDP2\nfully_shard"])
 ax.set_ylim(-0.5, 1.8)
 ax.set_xlabel("element of block 0, its parameters flattened in order (thousands)")
-ax.set_title(f"Who holds block 0 on {WORLD_SIZE} ranks: FSDP1 cuts the flattened block, "
-             "FSDP2 every parameter", fontsize=11)
+ax.set_title(f"Who holds block 0 on {WORLD_SIZE} ranks: FSDP1 cuts the flattened "
+             "block, FSDP2 every parameter", fontsize=11)
 fig.legend(loc="outside right center", fontsize=9)
 plt.show()
 
@@ -436,10 +493,11 @@ plt.show()
 # The state-dict keys, unlike the parameter names, agree:
 keys = results["checkpoint"][0]["keys"]
 print(table([[f"{side}: {how}", len(keys[side]), keys[side]["blocks.0.qkv.weight"]]
-             for side, how in (("FSDP1", "SHARDED_STATE_DICT"), ("FSDP2", "get_state_dict"))],
+             for side, how in (("FSDP1", "SHARDED_STATE_DICT"),
+                               ("FSDP2", "get_state_dict"))],
             ["model state dict", "keys", "blocks.0.qkv.weight is a"]))
-checks.expect(set(keys["FSDP1"]) == set(keys["FSDP2"]), "state-dict keys", "FSDP1 vs FSDP2",
-              f"differ: {sorted(set(keys['FSDP1']) ^ set(keys['FSDP2']))}")
+differ = sorted(set(keys["FSDP1"]) ^ set(keys["FSDP2"]))
+checks.expect(not differ, "state-dict keys", "FSDP1 vs FSDP2", f"differ: {differ}")
 print(f"\nThe {len(keys['FSDP2'])} state-dict keys are the same on both sides, e.g. "
       f"{sorted(keys['FSDP2'])[:3]}.")
 
@@ -452,22 +510,32 @@ print(f"\nThe {len(keys['FSDP2'])} state-dict keys are the same on both sides, e
 # AdamW reference.
 ckpt = results["checkpoint"][0]
 adamw_losses, adamw_params = reference_run(CFG, "adamw", BATCHES)
-checks.assert_losses_match("FSDP1, AdamW", adamw_losses,
-                           mean_over_ranks([r["losses"] for r in results["checkpoint"]]))
-gap = checks.assert_params_match("FSDP1 checkpoint -> FSDP2", ckpt["fsdp1"], ckpt["fsdp2"], 0.0,
-                                 check="checkpoint load")
+fsdp1_losses = mean_over_ranks([r["losses"] for r in results["checkpoint"]])
+checks.assert_losses_match("FSDP1, AdamW", adamw_losses, fsdp1_losses)
+gap = checks.assert_params_match("FSDP1 checkpoint -> FSDP2", ckpt["fsdp1"],
+                                 ckpt["fsdp2"], 0.0, check="checkpoint load")
 moments = [k for k in ckpt["fsdp2"] if k.endswith(("exp_avg", "exp_avg_sq"))]
 params = [k for k in ckpt["fsdp2"] if k.startswith("model.")]
 
 
-def gap_before(names: list[str]) -> float:
-    return max((ckpt["fsdp1"][k] - ckpt["before"][k]).abs().max().item() for k in names)
+def gap_before(names: list[str], what: str) -> float:
+    """How far FSDP2's fresh model was from FSDP1's trained one: the load must close a
+    real gap."""
+    gap = max((ckpt["fsdp1"][k] - ckpt["before"][k]).abs().max().item() for k in names)
+    checks.expect(gap > 0.0, "checkpoint load", f"FSDP2 {what} before loading",
+                  "already equal to FSDP1's: the load cannot be told from no load.")
+    return ledger.claim(f"fsdp1_migration.checkpoint.{what}_gap_before_load",
+                        float(f"{gap:.2e}"), "absolute",
+                        guard="asserted: checkpoint load", **ADAMW)
 
 
-print(f"{len(ckpt['fsdp2'])} tensors ({len(params)} parameters, {len(moments)} Adam moments): "
-      f"FSDP2 after loading differs from FSDP1 by {gap:.1e}. Before loading, its parameters "
-      f"differed by up to {gap_before(params):.2e} and its moments by up to "
-      f"{gap_before(moments):.2e}.")
+ADAMW = {**EVERY_ROW, "optimizer": "adamw"}
+gap = ledger.claim("fsdp1_migration.checkpoint.gap_after_load", gap, "absolute",
+                   guard="asserted: checkpoint load", **ADAMW)
+print(f"{len(ckpt['fsdp2'])} tensors ({len(params)} parameters, {len(moments)} Adam "
+      f"moments): FSDP2 after loading differs from FSDP1 by {gap:.1e}. Before loading, "
+      f"its parameters differed by up to {gap_before(params, 'params'):.2e} and its "
+      f"moments by up to {gap_before(moments, 'moments'):.2e}.")
 shutil.rmtree(CHECKPOINT_DIR, ignore_errors=True)
 
 # %%
@@ -480,6 +548,7 @@ for row in ROWS:
     said |= results[row, "FSDP1"][0]["warnings"]
 for message in sorted(said):
     print(f"- {message.splitlines()[0]}")
-print("\nAll checks passed: every row of the table trains the same model on both sides.")
+print("\nAll checks passed: every row of the table trains the same model on both "
+      "sides.")
 
 # sphinx_gallery_thumbnail_number = 1

@@ -24,7 +24,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 import guide
-from guide import checks, plotting, report, sharding
+from guide import checks, claims, plotting, report, sharding
 from guide.data import rank_slice, synthetic_batches
 from guide.dtensor import full_state, local_tensor
 from guide.model import ModelConfig, build_model
@@ -35,13 +35,16 @@ WORLD_SIZE = guide.world_size(2)
 STEPS = 20
 MAX_NORM = 0.9
 CFG = ModelConfig()
-BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)
+ledger = claims.Ledger("plot_gradient_clipping")  # every number this page states
+BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab,
+                            seed=0)
 
 
 def local_grad_norm(model: torch.nn.Module) -> float:
-    """The 2-norm of the gradients *this rank holds*: for FSDP2, the norm of its shards only. The
-    shards partition every gradient, so the squares of the ranks' local norms add up to the
-    square of the true norm; a rank clipping with its local norm would scale by the wrong factor."""
+    """The 2-norm of the gradients *this rank holds*: for FSDP2, the norm of its
+    shards only. The shards partition every gradient, so the squares of the ranks'
+    local norms add up to the square of the true norm; a rank clipping with its local
+    norm would scale by the wrong factor."""
     return sum(float(local_tensor(p.grad).double().pow(2).sum())
                for p in model.parameters() if p.grad is not None) ** 0.5
 
@@ -79,12 +82,20 @@ def reference(max_norm: float) -> tuple[dict, dict]:
 REF, REF_PARAMS = reference(MAX_NORM)
 _, UNCLIPPED_PARAMS = reference(float("inf"))
 clipped = sum(n > MAX_NORM for n in REF["norms"])
-effect = max((REF_PARAMS[k] - UNCLIPPED_PARAMS[k]).abs().max().item() for k in REF_PARAMS)
-print(f"reference: {clipped} of {STEPS} steps had a gradient norm above max_norm={MAX_NORM}; "
-      f"clipping moved the final parameters by up to {effect:.1e}")
+effect = max((REF_PARAMS[k] - UNCLIPPED_PARAMS[k]).abs().max().item()
+             for k in REF_PARAMS)
 checks.assert_learns("clipped reference", REF["losses"])
-checks.expect(clipped > 0 and effect > 100 * checks.PARAM_TOL["sgd"], "clipping is active",
-              "reference", f"{clipped} clipped steps, effect {effect:.1e}; lower MAX_NORM.")
+checks.expect(clipped > 0 and effect > 100 * checks.PARAM_TOL["sgd"],
+              "clipping is active", "reference",
+              f"{clipped} clipped steps, effect {effect:.1e}; lower MAX_NORM.")
+setting = dict(model="tinylm-main", optimizer="sgd", steps=STEPS, max_norm=MAX_NORM)
+ledger.claim("gradient_clipping.max_norm", MAX_NORM, "gradient 2-norm")
+ledger.claim("gradient_clipping.reference.clipped_steps", clipped, "steps",
+             guard="asserted: clipping is active", **setting)
+effect = ledger.claim("gradient_clipping.reference.param_shift", float(f"{effect:.1e}"),
+                      "max |Δparam|", guard="asserted: clipping is active", **setting)
+print(f"reference: {clipped} of {STEPS} steps had a gradient norm above "
+      f"max_norm={MAX_NORM}; clipping moved the final parameters by up to {effect:.1e}")
 
 # %%
 # The FSDP2 worker
@@ -111,28 +122,45 @@ results = guide.launch(fsdp2_worker, WORLD_SIZE)
 run = f"FSDP2 x{WORLD_SIZE}, SGD, clip {MAX_NORM}"
 for r, res in enumerate(results):
     checks.expect(res["norm_placements"] == "(Replicate(),)", "clip norm", run,
-                  f"rank {r}'s norm has placements {res['norm_placements']}, not (Replicate(),).")
-norm_gap = max(checks.expect_close("clip norm", run, res["norms"], REF["norms"], checks.LOSS_TOL,
-                                   what=f"rank {r}'s clip_grad_norm_") for r, res in enumerate(results))
+                  f"rank {r}'s norm has placements {res['norm_placements']}, "
+                  "not (Replicate(),).")
+norm_gap = max(checks.expect_close("clip norm", run, res["norms"], REF["norms"],
+                                   checks.LOSS_TOL, what=f"rank {r}'s clip_grad_norm_")
+               for r, res in enumerate(results))
 loss_gap = checks.assert_losses_match(run, REF["losses"],
                                       mean_over_ranks([r["losses"] for r in results]))
-param_gap = checks.assert_params_match(run, REF_PARAMS, results[0]["params"], checks.PARAM_TOL["sgd"])
+param_gap = checks.assert_params_match(run, REF_PARAMS, results[0]["params"],
+                                       checks.PARAM_TOL["sgd"])
 combined = [sum(r["local_norms"][s] ** 2 for r in results) ** 0.5 for s in range(STEPS)]
-pythagoras = checks.expect_close("clip norm", run, combined, REF["norms"], checks.LOSS_TOL,
-                                 what="sqrt(sum of local norms squared)")
-print(f"norm returned by clip_grad_norm_: a DTensor with {results[0]['norm_placements']}")
+pythagoras = checks.expect_close("clip norm", run, combined, REF["norms"],
+                                 checks.LOSS_TOL, what="sqrt(sum of local norms²)")
+print("norm returned by clip_grad_norm_: a DTensor with "
+      f"{results[0]['norm_placements']}")
+norms = ["reference", *(f"rank {r}" for r in range(WORLD_SIZE)),
+         *(f"local r{r}" for r in range(WORLD_SIZE))]
 print(report.table([[s, REF["norms"][s], *(r["norms"][s] for r in results),
-                     *(r["local_norms"][s] for r in results)] for s in range(0, STEPS, 5)],
-                   ["step", "reference", *(f"rank {r}" for r in range(WORLD_SIZE)),
-                    *(f"local r{r}" for r in range(WORLD_SIZE))],
-                   formats={c: ".6f" for c in ["reference",
-                                                *(f"rank {r}" for r in range(WORLD_SIZE)),
-                                                *(f"local r{r}" for r in range(WORLD_SIZE))]}))
-print(report.table([["max |norm − reference norm|", norm_gap, checks.LOSS_TOL],
-                    ["max |Δloss|", loss_gap, checks.LOSS_TOL],
-                    ["max |Δparam|", param_gap, checks.PARAM_TOL["sgd"]],
-                    ["max |sqrt(Σ local²) − norm|", pythagoras, checks.LOSS_TOL]],
-                   ["gap", "measured", "tol"], formats={"measured": ".1e", "tol": ".0e"}))
+                     *(r["local_norms"][s] for r in results)]
+                    for s in range(0, STEPS, 5)],
+                   ["step", *norms], formats=dict.fromkeys(norms, ".6f")))
+LOSS_TOL = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
+SGD_TOL = ledger.claim("tolerance.param.sgd", checks.PARAM_TOL["sgd"], "absolute")
+fsdp2 = dict(model="tinylm-main", optimizer="sgd", world_size=WORLD_SIZE,
+             max_norm=MAX_NORM)
+gaps = [  # (row, claim, measured gap, tolerance, the check that bounds it)
+    ("max |norm − reference norm|", "norm_gap", norm_gap, LOSS_TOL, "clip norm"),
+    ("max |Δloss|", "loss_gap", loss_gap, LOSS_TOL, "loss equivalence"),
+    ("max |Δparam|", "param_gap", param_gap, SGD_TOL, "parameter equivalence"),
+    ("max |sqrt(Σ local²) − norm|", "local_norms_gap", pythagoras, LOSS_TOL,
+     "clip norm"),
+]
+print(report.table(
+    [[row, ledger.claim(f"gradient_clipping.fsdp2.{name}", float(f"{gap:.1e}"),
+                        "absolute", guard=f"asserted: {check}", **fsdp2), tol]
+     for row, name, gap, tol, check in gaps],
+    ["gap", "measured", "tol"], formats={"measured": ".1e", "tol": ".0e"}))
+print(f"\nAll checks passed: on {WORLD_SIZE} ranks, clip_grad_norm_ returned the "
+      f"unsharded norm to {gaps[0][2]:.1e} and clipped FSDP2 trained the clipped "
+      "single process.")
 
 # %%
 # The true norm and the local ones
@@ -147,8 +175,8 @@ ax.plot(REF["norms"], color=plotting.REFERENCE_COLOR, lw=5, alpha=0.3,
 ax.plot(results[0]["norms"], "--", color=Strategy.FSDP2.color, lw=1.8,
         label=f"FSDP2 x{WORLD_SIZE}: clip_grad_norm_")
 for r, res in enumerate(results):
-    ax.plot(res["local_norms"], ":", marker=".", lw=1.2, color=("#9467bd", "#ff7f0e")[r % 2],
-            label=f"rank {r}, own shards")
+    ax.plot(res["local_norms"], ":", marker=".", lw=1.2,
+            color=("#9467bd", "#ff7f0e")[r % 2], label=f"rank {r}, own shards")
 ax.axhline(MAX_NORM, color="grey", lw=1, ls="-.", label=f"max_norm = {MAX_NORM:g}")
 ax.set(ylim=(0, 1.5 * max(max(REF["norms"]), MAX_NORM)), xlabel="training step",
        ylabel="gradient 2-norm (before clipping)",

@@ -2,11 +2,12 @@
 HSDP: shard inside a node, replicate across nodes
 =================================================
 
-Large FSDP2 runs rarely shard over every GPU. They use *hybrid sharding* (HSDP): a 2-D device mesh
-whose inner dimension shards each parameter over the GPUs of one node, where NVLink is fast, and
-whose outer dimension replicates those shards across nodes, as DDP would. Each step then all-gathers
-and reduce-scatters only inside a node; what crosses nodes is one all-reduce of each gradient
-*shard*. The price is memory: a rank holds 1/(GPUs per node) of the model state, not 1/(all GPUs).
+Large FSDP2 runs often do not shard over every GPU. They use *hybrid sharding* (HSDP): a 2-D device
+mesh whose inner dimension shards each parameter over the GPUs of one node, where NVLink is fast (or
+of a few nodes, when one node cannot hold the model's shards), and whose outer dimension replicates
+those shards across nodes, as DDP would. Each step then all-gathers and reduce-scatters only inside
+a shard group; what crosses between the replicas is one all-reduce of each gradient *shard*. The
+price is memory: a rank holds 1/(GPUs per shard group) of the model state, not 1/(all GPUs).
 
 The mesh is the whole API: ``fully_shard(module, mesh=mesh)`` with a 2-D mesh is HSDP. This page
 builds it on 4 CPU ranks as a ``(2, 2)`` mesh (two "nodes" of two ranks) and **fails the docs build**
@@ -22,8 +23,10 @@ unless:
 6. under gradient accumulation, ``set_requires_all_reduce(False)`` skips only the cross-replica
    all-reduce and ``set_requires_gradient_sync(False)`` skips the reduce-scatter too.
 
-When HSDP beats plain FSDP2 on real clusters is a question of link speeds, estimated on the
-:ref:`step-time estimates page <sphx_glr_auto_examples_plot_step_time_estimates.py>`.
+When HSDP beats plain FSDP2 on real clusters is a question of link speeds, ring lengths and
+gradient accumulation; the
+:ref:`step-time estimates page <sphx_glr_auto_examples_plot_step_time_estimates.py>` estimates it
+(from link rates, not measured) for Llama-3-70B on H100 nodes.
 """
 
 # %%
@@ -40,29 +43,38 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import guide
-from guide import checks, comm, plotting
+from guide import checks, claims, comm, plotting
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.dtensor import full_state, local_tensor, param_layouts
 from guide.memory import measure, param_shapes, state_bytes_by_rank
 from guide.model import ModelConfig, build_model
 from guide.report import table
-from guide.training import (make_optimizer, mean_over_ranks, next_token_loss, reference_run,
-                            train_steps)
+from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
+                            reference_run, train_steps)
 
-WORLD_SIZE = guide.world_size(4)  # 4 here; torchrun's WORLD_SIZE when run under torchrun
+WORLD_SIZE = guide.world_size(4)  # 4 here; torchrun's WORLD_SIZE under torchrun
 REPLICAS = 2
 if WORLD_SIZE < 2 * REPLICAS or WORLD_SIZE % REPLICAS:
-    raise ValueError(f"this page builds a {REPLICAS} x N mesh with N >= 2: run it on an even "
-                     f"number of ranks, at least {2 * REPLICAS} (got {WORLD_SIZE}).")
+    raise ValueError(f"this page builds a {REPLICAS} x N mesh with N >= 2: run it on "
+                     f"an even number of ranks, at least {2 * REPLICAS} "
+                     f"(got {WORLD_SIZE}).")
 SHARDS = WORLD_SIZE // REPLICAS
 STEPS = 4
-CFG = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256)  # the main page's model
-BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16, vocab=CFG.vocab,
-                            seed=0)  # 4 sequences per rank
+# the main page's model
+CFG = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
+BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
+                            vocab=CFG.vocab, seed=0)  # 4 sequences per rank
 REFERENCE = {opt: reference_run(CFG, opt, BATCHES) for opt in ("sgd", "adamw")}
-print(f"{WORLD_SIZE} ranks as a {REPLICAS} x {SHARDS} mesh (replicate, shard); {STEPS} global "
-      f"batches of {BATCHES.shape[1]} sequences")
+ledger = claims.Ledger("plot_hsdp")  # every number this page states
+PARAMS = ledger.claim("tinylm.main.params",
+                      sum(p.numel() for p in build_model(CFG).parameters()),
+                      "parameters", model=repr(CFG))
+HSDP = dict(model="tinylm-main", world_size=WORLD_SIZE, replicas=REPLICAS,
+            shards=SHARDS)
+print(f"{WORLD_SIZE} ranks as a {REPLICAS} x {SHARDS} mesh (replicate, shard); {STEPS} "
+      f"global batches of {BATCHES.shape[1]} sequences; the main page's model, "
+      f"{PARAMS:,} parameters")
 
 
 def hsdp_model(rank: guide.Rank) -> torch.nn.Module:
@@ -79,25 +91,28 @@ def hsdp_model(rank: guide.Rank) -> torch.nn.Module:
 # Training, and what each rank keeps
 # ----------------------------------
 # The training step is the plain loop of every page (:func:`guide.training.train_steps`): each rank
-# takes its own quarter of every global batch. After every step the worker keeps a copy of its local
+# takes its own 1/N slice of every global batch. After every step the worker keeps a copy of its local
 # shards, so that the two replicas can be compared step by step. The second step onwards runs inside
 # :class:`guide.comm.CollectiveLog`, which records every collective and the size of the group it
 # spans; after the last step :func:`guide.memory.measure` reads the bytes of parameters, gradients
 # and optimizer state the rank holds.
 
 
-def train(model, opt, rank: guide.Rank, batches: torch.Tensor) -> tuple[list[float], list[dict]]:
+def train(model, opt, rank: guide.Rank,
+          batches: torch.Tensor) -> tuple[list[float], list[dict]]:
     """This rank's loss per step, and its local shards after each step."""
     losses, shards = [], []
     for batch in batches:
-        losses += train_steps(model, opt, batch[None], rank.rank, rank.world_size, rank.device)
-        shards.append({n: local_tensor(p).detach().clone() for n, p in model.named_parameters()})
+        losses += train_steps(model, opt, batch[None], rank.rank, rank.world_size,
+                              rank.device)
+        shards.append({n: local_tensor(p).detach().clone()
+                       for n, p in model.named_parameters()})
     return losses, shards
 
 
 def training_run(rank: guide.Rank, optimizer: str) -> dict:
     model = hsdp_model(rank)
-    opt = make_optimizer(optimizer, model.parameters())  # after fully_shard: DTensor parameters
+    opt = make_optimizer(optimizer, model.parameters())  # after fully_shard: DTensors
     losses, shards = train(model, opt, rank, BATCHES[:1])
     with CollectiveLog(model) as log:
         more_losses, more_shards = train(model, opt, rank, BATCHES[1:])
@@ -133,7 +148,8 @@ SKIPS = {"sync every micro-batch": None,
          "set_requires_gradient_sync(False)": "gradient_sync"}
 
 
-def accumulation_step(model, opt, step_micro: torch.Tensor, rank: guide.Rank, skip: str | None):
+def accumulation_step(model, opt, step_micro: torch.Tensor, rank: guide.Rank,
+                      skip: str | None):
     opt.zero_grad(set_to_none=True)
     loss = 0.0
     for m, micro in enumerate(step_micro):
@@ -142,7 +158,8 @@ def accumulation_step(model, opt, step_micro: torch.Tensor, rank: guide.Rank, sk
             model.set_requires_all_reduce(last)
         elif skip == "gradient_sync":
             model.set_requires_gradient_sync(last)
-        micro_loss = next_token_loss(model, rank_slice(micro, rank.rank, rank.world_size)) / K
+        tokens = rank_slice(micro, rank.rank, rank.world_size)
+        micro_loss = next_token_loss(model, tokens) / K
         micro_loss.backward()
         loss += micro_loss.item()
     opt.step()
@@ -154,7 +171,8 @@ def accumulation_run(rank: guide.Rank, skip: str | None) -> dict:
     opt = make_optimizer("sgd", model.parameters())
     losses = [accumulation_step(model, opt, MICRO[0], rank, skip)]
     with CollectiveLog(model) as log:
-        losses += [accumulation_step(model, opt, step, rank, skip) for step in MICRO[1:]]
+        losses += [accumulation_step(model, opt, step, rank, skip)
+                   for step in MICRO[1:]]
     return {"losses": losses, "params": full_state(model), "collectives": log.records}
 
 
@@ -182,32 +200,57 @@ results = {name: [r[name] for r in per_rank] for name in per_rank[0]}
 # within :data:`guide.checks.LOSS_TOL` and :data:`guide.checks.PARAM_TOL`; and the reference must
 # learn (:func:`guide.checks.assert_learns`), so that agreeing with it means something. The checks
 # take rank ``r`` to sit at ``(r // SHARDS, r % SHARDS)`` on the mesh; each rank's mesh says so first.
-coordinates = [r["coordinate"] for r in results["sgd"]]  # (replica, shard) from each rank's mesh
-checks.expect(coordinates == [(r // SHARDS, r % SHARDS) for r in range(WORLD_SIZE)], "HSDP mesh",
-              "init_device_mesh", f"ranks sit at {coordinates}, not row-major as the checks assume")
+coordinates = [r["coordinate"] for r in results["sgd"]]  # (replica, shard), by mesh
+checks.expect(coordinates == [(r // SHARDS, r % SHARDS) for r in range(WORLD_SIZE)],
+              "HSDP mesh", "init_device_mesh",
+              f"ranks sit at {coordinates}, not row-major as the checks assume")
+
+
+def measured(name: str, value: float, unit: str, check: str) -> float:
+    """Record a measured number as printed (a gap: 2 digits), with its check."""
+    value = value if isinstance(value, int) else float(f"{value:.1e}")
+    return ledger.claim(name, value, unit, guard=f"asserted: {check}", steps=STEPS,
+                        **HSDP)
+
+
 rows = []
 for opt in ("sgd", "adamw"):
     run, ranks = f"HSDP {REPLICAS}x{SHARDS}, {opt}", results[opt]
     ref_losses, ref_params = REFERENCE[opt]
     checks.assert_learns(f"reference, {opt}", ref_losses)
-    checks.assert_hsdp_sharded(run, [lay for r in ranks for lay in r["layouts"]], REPLICAS, SHARDS)
-    compared = checks.assert_replicas_identical(run, [r["shards"] for r in ranks], REPLICAS, SHARDS)
+    checks.assert_hsdp_sharded(run, [lay for r in ranks for lay in r["layouts"]],
+                               REPLICAS, SHARDS)
+    compared = checks.assert_replicas_identical(run, [r["shards"] for r in ranks],
+                                                REPLICAS, SHARDS)
     losses = mean_over_ranks([r["losses"] for r in ranks])
-    rows.append({"run": run, "shards compared": compared,
-                 "max |Δloss|": checks.assert_losses_match(run, ref_losses, losses),
-                 "max |Δparam|": checks.assert_params_match(run, ref_params, ranks[0]["params"],
-                                                            checks.PARAM_TOL[opt]),
-                 "param tol": checks.PARAM_TOL[opt]})
-print(table(rows, formats={"max |Δloss|": ".1e", "max |Δparam|": ".1e", "param tol": ".0e"}))
+    dloss = checks.assert_losses_match(run, ref_losses, losses)
+    dparam = checks.assert_params_match(run, ref_params, ranks[0]["params"],
+                                        checks.PARAM_TOL[opt])
+    rows.append({
+        "run": run,
+        "shards compared": measured(f"hsdp.{opt}.shards_compared", compared, "shards",
+                                    "HSDP replicas"),
+        "max |Δloss|": measured(f"hsdp.{opt}.loss_gap", dloss, "nats",
+                                "loss equivalence"),
+        "loss tol": ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats"),
+        "max |Δparam|": measured(f"hsdp.{opt}.param_gap", dparam, "absolute",
+                                 "parameter equivalence"),
+        "param tol": ledger.claim(f"tolerance.param.{opt}", checks.PARAM_TOL[opt],
+                                  "absolute")})
+print(table(rows,
+            formats={"max |Δloss|": ".1e", "loss tol": ".0e", "max |Δparam|": ".1e",
+                     "param tol": ".0e"}))
 
 layout = {(lay.name, lay.rank): lay for r in results["sgd"] for lay in r["layouts"]}
 print()
 print(table([[name, str(layout[name, 0].global_shape), layout[name, 0].placements,
               *(str(layout[name, r].local_shape) for r in range(WORLD_SIZE))]
-             for name in ("tok_emb.weight", "blocks.0.qkv.weight", "blocks.0.ln1.bias")],
+             for name in ("tok_emb.weight", "blocks.0.qkv.weight",
+                          "blocks.0.ln1.bias")],
             ["parameter", "global", "placements",
              *(f"rank {r} {coordinates[r]}" for r in range(WORLD_SIZE))],
-            title="Local shard shapes; each rank's (replica, shard) coordinate from its mesh"))
+            title="Local shard shapes; each rank's (replica, shard) coordinate "
+                  "from its mesh"))
 
 # %%
 # 4. Memory: FSDP2 over the shard group
@@ -216,22 +259,36 @@ print(table([[name, str(layout[name, 0].global_shape), layout[name, 0].placement
 # hold: :func:`guide.memory.state_bytes_by_rank` for ``"fsdp2"`` at ``SHARDS`` ranks, rank ``r``
 # taking the share of shard position ``r % SHARDS``. The measured bytes must equal it exactly (AdamW:
 # parameters, gradients, two moments and a ``step`` per parameter). The predictions for DDP and for
-# plain FSDP2 over all ranks are printed for comparison.
+# plain FSDP2 over all ranks are printed for comparison; "model state" leaves DDP's gradient
+# buckets out, "total" counts them.
 shapes = param_shapes(build_model(CFG))
-predicted = state_bytes_by_rank(shapes, "fsdp2", SHARDS, "fp32", "adamw", ddp_buckets=False)
+ADAMW = ("fp32", "adamw")
+predicted = state_bytes_by_rank(shapes, "fsdp2", SHARDS, *ADAMW, ddp_buckets=False)
 for r, result in enumerate(results["adamw"]):
     got, want = result["state"], predicted[r % SHARDS]
-    checks.expect(got == want, "HSDP memory", f"rank {r}", f"measured {got}, model {want}")
+    checks.expect(got == want, "HSDP memory", f"rank {r}",
+                  f"measured {got}, model {want}")
 
-compare = {"DDP (predicted)": state_bytes_by_rank(shapes, "ddp", WORLD_SIZE, "fp32", "adamw",
-                                                  ddp_buckets=False)[0],
-           f"HSDP {REPLICAS}x{SHARDS} (measured, rank 0)": results["adamw"][0]["state"],
-           f"FSDP2 x{WORLD_SIZE} (predicted)": state_bytes_by_rank(
-               shapes, "fsdp2", WORLD_SIZE, "fp32", "adamw", ddp_buckets=False)[0]}
-print(table([[name, s.params, s.grads, s.optimizer, s.model_state]
-             for name, s in compare.items()],
-            ["AdamW, per rank (bytes)", "params", "grads", "optimizer", "model state"]))
-print(f"\nMeasured = model on all {WORLD_SIZE} ranks: each holds 1/{SHARDS} of the model state.")
+adamw = dict(model="tinylm-main", precision="fp32", optimizer="adamw",
+             world_size=WORLD_SIZE)
+ddp = state_bytes_by_rank(shapes, "ddp", WORLD_SIZE, *ADAMW, ddp_buckets=True)
+fsdp2 = state_bytes_by_rank(shapes, "fsdp2", WORLD_SIZE, *ADAMW, ddp_buckets=False)
+hsdp = results["adamw"][0]["state"]
+compare = {  # label: (claim, guard, bytes held by rank 0)
+    "DDP (predicted)": ("tinylm.main.ddp", "computed", ddp[0]),
+    f"HSDP {REPLICAS}x{SHARDS} (measured, rank 0)": (
+        f"hsdp.{REPLICAS}x{SHARDS}", "asserted: HSDP memory", hsdp),
+    f"FSDP2 x{WORLD_SIZE} (predicted)": ("tinylm.main.fsdp2", "computed", fsdp2[0])}
+print(table([[label, s.params, s.grads, s.optimizer,
+              ledger.claim(f"{name}.model_state_per_rank", s.model_state, "bytes",
+                           guard=guard, **adamw), s.buckets,
+              ledger.claim(f"{name}.total_with_buckets_per_rank", s.total, "bytes",
+                           guard=guard, **adamw) if s.buckets else s.total]
+             for label, (name, guard, s) in compare.items()],
+            ["AdamW, per rank (bytes)", "params", "grads", "optimizer", "model state",
+             "DDP buckets", "total"]))
+print(f"\nMeasured = model on all {WORLD_SIZE} ranks: each holds 1/{SHARDS} of the "
+      "model state.")
 
 # %%
 # 5. Communication: inside the shard group, and across the replicas
@@ -241,7 +298,7 @@ print(f"\nMeasured = model on all {WORLD_SIZE} ranks: each holds 1/{SHARDS} of t
 # per ``fully_shard`` unit over the ``REPLICAS`` ranks holding the same shard, of the reduced shard
 # only: ``1/SHARDS`` of the unit's gradients. :func:`guide.checks.check_volume` compares elements
 # and calls per step with rank 0's records; the group each collective spanned must match too.
-groups = comm.fsdp2_groups(build_model(CFG))  # root (kept until backward), then each block
+groups = comm.fsdp2_groups(build_model(CFG))  # the root (kept for backward), each block
 HSDP_STEP = comm.hsdp_step(groups, SHARDS, REPLICAS)
 
 
@@ -253,12 +310,25 @@ records = results["sgd"][0]["collectives"]
 checks.check_volume(f"HSDP {REPLICAS}x{SHARDS}", records, HSDP_STEP, STEPS - 1,
                     exact_calls=("all_gather", "reduce_scatter", "all_reduce"))
 checks.expect(spans(records) == spans(HSDP_STEP), "HSDP groups", "rank 0",
-              f"collectives spanned {sorted(spans(records))}, model {sorted(spans(HSDP_STEP))}")
-print(table([[kind, ranks, sum(c.kind == kind for c in records) // (STEPS - 1),
-              sum(c.numel for c in records if c.kind == kind) // (STEPS - 1),
+              f"collectives spanned {sorted(spans(records))}, "
+              f"model {sorted(spans(HSDP_STEP))}")
+
+
+def counted(kind: str) -> list[int]:
+    """Rank 0's calls and elements of ``kind`` per step, recorded (checked above)."""
+    calls = sum(c.kind == kind for c in records) // (STEPS - 1)
+    numel = sum(c.numel for c in records if c.kind == kind) // (STEPS - 1)
+    return [ledger.claim(f"hsdp.step.{kind}.calls", calls, "calls",
+                         guard="asserted: comm calls", **HSDP),
+            ledger.claim(f"hsdp.step.{kind}.elements", numel, "elements",
+                         guard="asserted: comm volume", **HSDP)]
+
+
+print(table([[kind, ranks, *counted(kind),
               sum(c.numel for c in HSDP_STEP if c.kind == kind)]
              for kind, ranks in sorted(spans(HSDP_STEP))],
-            ["collective", "group size", "calls", "elements (measured)", "elements (model)"],
+            ["collective", "group size", "calls", "elements (measured)",
+             "elements (model)"],
             title=f"One step on rank 0 ({STEPS - 1} steps counted)"))
 
 # %%
@@ -269,11 +339,11 @@ print(table([[kind, ranks, sum(c.kind == kind for c in records) // (STEPS - 1),
 # skipping gradient sync, the all-gathers of ``K - 1`` steps plus one HSDP step. All three must
 # also train to the reference's parameters.
 FSDP2_STEP = comm.fsdp2_step(groups, SHARDS)
+GATHERS = [c for c in FSDP2_STEP if c.kind == "all_gather"]
 ACCUMULATION_MODEL = {
     "sync every micro-batch": K * HSDP_STEP,
     "set_requires_all_reduce(False)": (K - 1) * FSDP2_STEP + HSDP_STEP,
-    "set_requires_gradient_sync(False)": (K - 1) * [c for c in FSDP2_STEP if c.kind == "all_gather"]
-                                         + HSDP_STEP,
+    "set_requires_gradient_sync(False)": (K - 1) * GATHERS + HSDP_STEP,
 }
 ref_losses, ref_params = REFERENCE["sgd"]
 sent = {}
@@ -282,9 +352,12 @@ for name, expected in ACCUMULATION_MODEL.items():
     records = ranks[0]["collectives"]
     checks.check_volume(run, records, expected, STEPS - 1,
                         exact_calls=("all_gather", "reduce_scatter", "all_reduce"))
-    checks.assert_losses_match(run, ref_losses, mean_over_ranks([r["losses"] for r in ranks]))
-    checks.assert_params_match(run, ref_params, ranks[0]["params"], checks.PARAM_TOL["sgd"])
-    sent[name] = {kind: sum(comm.ring_bytes(c) for c in records if c.kind == kind) / (STEPS - 1)
+    checks.assert_losses_match(run, ref_losses,
+                               mean_over_ranks([r["losses"] for r in ranks]))
+    checks.assert_params_match(run, ref_params, ranks[0]["params"],
+                               checks.PARAM_TOL["sgd"])
+    sent[name] = {kind: sum(comm.ring_bytes(c) for c in records if c.kind == kind)
+                  / (STEPS - 1)
                   for kind in ("all_gather", "reduce_scatter", "all_reduce")}
 
 # %%
@@ -310,20 +383,34 @@ for kind, (label, color) in KIND_STYLE.items():
 ax.set_yticks(range(len(names)), names)
 ax.invert_yaxis()
 ax.set_xlabel("KiB sent per rank per optimizer step (ring model)")
-ax.set_title(f"HSDP {REPLICAS}x{SHARDS}, K={K} micro-batches per step: only the all-reduce "
-             "crosses nodes", fontsize=10.5, loc="right")
+ax.set_title(f"HSDP {REPLICAS}x{SHARDS}, K={K} micro-batches per step: only the "
+             "all-reduce crosses nodes", fontsize=10.5, loc="right")
 fig.legend(loc="outside lower center", ncol=3, fontsize=9)
 plt.show()
 
 per_step = {n: [c.kind for c in results[n][0]["collectives"]] for n in names}
+CLAIM = dict(zip(names,
+                 ("sync_every_micro_batch", "skip_all_reduce", "skip_gradient_sync")))
+
+
+def kib(name: str, where: str, sent_bytes: float) -> float:
+    """Record what rank 0 sent per optimizer step (ring model of the counted calls)."""
+    return ledger.claim(f"hsdp.accumulation.{CLAIM[name]}.{where}_kib",
+                        round(sent_bytes / 2**10, 1), "KiB",
+                        guard="asserted: comm volume", micro_batches=K, **HSDP)
+
+
 print(table([[n, per_step[n].count("reduce_scatter") // (STEPS - 1),
-              per_step[n].count("all_reduce") // (STEPS - 1), sent[n]["all_reduce"] / 2**10,
-              (sent[n]["all_gather"] + sent[n]["reduce_scatter"]) / 2**10] for n in names],
+              per_step[n].count("all_reduce") // (STEPS - 1),
+              kib(n, "across_replicas", sent[n]["all_reduce"]),
+              kib(n, "inside_node", sent[n]["all_gather"] + sent[n]["reduce_scatter"])]
+             for n in names],
             ["accumulation", "reduce-scatters", "all-reduces", "across replicas (KiB)",
              "inside the node (KiB)"],
             formats={"across replicas (KiB)": ",.1f", "inside the node (KiB)": ",.1f"},
             title=f"Per optimizer step of K={K} micro-batches, rank 0 (measured)"))
-print(f"\nAll checks passed: HSDP on a {REPLICAS}x{SHARDS} mesh trains the single-process model, "
-      "its replicas stay equal, and it sends what the model says.")
+print(f"\nAll checks passed: HSDP on a {REPLICAS}x{SHARDS} mesh trains the "
+      "single-process model, its replicas stay equal, and it sends what the model "
+      "says.")
 
 # sphinx_gallery_thumbnail_number = 1

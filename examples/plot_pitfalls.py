@@ -44,30 +44,48 @@ import warnings
 import matplotlib.pyplot as plt
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    set_model_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, comm, dtensor, plotting, report, sharding
+from guide import checks, claims, comm, dtensor, plotting, report, sharding
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.dtensor import full_state, local_tensor
 from guide.model import ModelConfig, TinyLM, build_model
-from guide.training import (make_optimizer, mean_over_ranks, next_token_loss, reference_run,
-                            train_steps)
+from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
+                            reference_run, train_steps)
 
 WORLD_SIZE = guide.world_size(2)  # torchrun's WORLD_SIZE under torchrun
 CFG = ModelConfig(n_layers=2)
 STEPS = 3
-BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16, vocab=CFG.vocab)
-REFERENCE = reference_run(CFG, "sgd", BATCHES)  # (losses, final parameters), one process
+BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
+                            vocab=CFG.vocab)
+REFERENCE = reference_run(CFG, "sgd", BATCHES)  # (losses, final params), one process
 checks.assert_learns("reference", REFERENCE[0])
-GRAD_TOL = checks.PARAM_TOL["sgd"]  # fp32 gradients differ from 1 process's by reduction order only
-print(f"torch {torch.__version__}, {WORLD_SIZE} ranks, TinyLM with {CFG.n_layers} blocks, "
-      f"{sum(p.numel() for p in build_model(CFG).parameters()):,} parameters")
+# fp32 gradients differ from 1 process's by reduction order only
+GRAD_TOL = checks.PARAM_TOL["sgd"]
+ledger = claims.Ledger("plot_pitfalls")  # every number this page states
+PARAMS = ledger.claim("tinylm.2-blocks.params",
+                      sum(p.numel() for p in build_model(CFG).parameters()),
+                      "parameters")
+RUN = dict(model="tinylm-2-blocks", optimizer="sgd", world_size=WORLD_SIZE)
+
+
+def gap(name: str, value: float, unit: str, check: str, **assumptions) -> float:
+    """Record a measured gap as this page prints it (2 digits), with its check."""
+    return ledger.claim(f"pitfalls.{name}", float(f"{value:.1e}"), unit,
+                        guard=f"asserted: {check}", **{**RUN, **assumptions})
+
+
+print(f"torch {torch.__version__}, {WORLD_SIZE} ranks, TinyLM with {CFG.n_layers} "
+      f"blocks, {PARAMS:,} parameters")
 
 # %%
 # How the page decides
@@ -79,49 +97,59 @@ print(f"torch {torch.__version__}, {WORLD_SIZE} ranks, TinyLM with {CFG.n_layers
 
 
 def assert_reproduces(pitfall: str, messages: list[str], expected: str) -> str:
-    """One of ``messages`` (errors or warnings torch gave) contains ``expected``; returns it."""
+    """One of ``messages`` (errors or warnings torch gave) contains ``expected``;
+    returns it."""
     hit = next((m for m in messages if expected in m), None)
     checks.expect(hit is not None, "pitfall reproduces", pitfall,
-                  f"torch {torch.__version__} no longer says {expected!r} (it said {messages!r}); "
-                  "the pitfall changed: update this section of the page.")
+                  f"torch {torch.__version__} no longer says {expected!r} (it said "
+                  f"{messages!r}); the pitfall changed: update this section of the "
+                  "page.")
     return hit
 
 
 def assert_differs(pitfall: str, reference: dict, got: dict, tol: float) -> float:
-    """The wrong way's tensors are off: some entry differs from ``reference`` by more than ``tol``
-    (NaN counts as off). Returns the worst gap."""
-    gaps = [(got[k].double() - ref.double()).abs().max().item() for k, ref in reference.items()]
+    """The wrong way's tensors are off: some entry differs from ``reference`` by more
+    than ``tol`` (NaN counts as off). Returns the worst gap."""
+    gaps = [(got[k].double() - ref.double()).abs().max().item()
+            for k, ref in reference.items()]
     worst = next((g for g in gaps if g != g), max(gaps))
     checks.expect(any(not g <= tol for g in gaps), "pitfall reproduces", pitfall,
-                  f"the wrong way now matches the right one (worst gap {worst:.1e} <= {tol:.0e}) "
-                  f"on torch {torch.__version__}: update this section of the page.")
+                  "the wrong way now matches the right one (worst gap "
+                  f"{worst:.1e} <= {tol:.0e}) on torch {torch.__version__}: update "
+                  "this section of the page.")
     return worst
 
 
 def assert_frozen(pitfall: str, before: dict, after: dict, losses: list[float],
                   warned: list[str]) -> None:
-    """Training silently did nothing: every parameter bitwise unchanged, the loss of the repeated
-    batch the same every step, and no warning."""
+    """Training silently did nothing: every parameter bitwise unchanged, the loss of the
+    repeated batch the same every step, and no warning."""
     moved = max((after[k] - before[k]).abs().max().item() for k in before)
     frozen = moved == 0.0 and losses is not None and len(set(losses)) == 1
     checks.expect(frozen and not warned, "pitfall reproduces", pitfall,
-                  f"parameters moved by {moved:.1e}, losses {losses}, warnings {warned} on torch "
-                  f"{torch.__version__}: update this section of the page.")
+                  f"parameters moved by {moved:.1e}, losses {losses}, warnings "
+                  f"{warned} on torch {torch.__version__}: update this section of the "
+                  "page.")
 
 
-def assert_partial(pitfall: str, local_per_rank: list[float], full: float, tol: float) -> None:
-    """What a rank reads depends on the rank (some rank's local norm is not the norm), and the local
-    norms are the norm's parts: the square root of the sum of their squares is the norm."""
+def assert_partial(pitfall: str, local_per_rank: list[float], full: float,
+                   tol: float) -> None:
+    """What a rank reads depends on the rank (some rank's local norm is not the
+    norm), and the local norms are the norm's parts: the square root of the sum of
+    their squares is the norm."""
     whole = math.sqrt(sum(x * x for x in local_per_rank))
-    checks.expect(any(not abs(x - full) <= tol for x in local_per_rank), "pitfall reproduces",
-                  pitfall, f"every rank's local norm {local_per_rank} equals the full norm {full}: "
-                  f"update this section of the page (torch {torch.__version__}).")
+    checks.expect(any(not abs(x - full) <= tol for x in local_per_rank),
+                  "pitfall reproduces", pitfall,
+                  f"every rank's local norm {local_per_rank} equals the full norm "
+                  f"{full}: update this section of the page (torch "
+                  f"{torch.__version__}).")
     checks.expect(abs(whole - full) <= tol, "partial norm", pitfall,
                   f"sqrt(sum of local norms squared) = {whole} but the norm is {full}.")
 
 
 def caught(fn, *args) -> tuple[object, list[str]]:
-    """``fn(*args)``'s result (or ``None``) and every error and warning it raised, as text."""
+    """``fn(*args)``'s result (or ``None``) and every error and warning it raised, as
+    text."""
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         try:
@@ -155,9 +183,10 @@ def optimizer_first(rank: guide.Rank, mesh, build_optimizer_first: bool) -> dict
     if not build_optimizer_first:
         opt = make_optimizer("sgd", model.parameters())  # right: the DTensor parameters
     before = full_state(model)
-    losses, messages = caught(train_steps, model, opt, ONE_BATCH, rank.rank, rank.world_size,
-                              rank.device)
-    return {"before": before, "after": full_state(model), "losses": losses, "messages": messages}
+    losses, messages = caught(train_steps, model, opt, ONE_BATCH, rank.rank,
+                              rank.world_size, rank.device)
+    return {"before": before, "after": full_state(model), "losses": losses,
+            "messages": messages}
 
 
 # %%
@@ -180,9 +209,15 @@ def tie(model: TinyLM) -> TinyLM:
     return model
 
 
+def tied_reference() -> tuple[list[float], dict]:
+    """One process trains the tied model: (losses, final parameters)."""
+    model = tie(build_model(CFG))
+    losses = train_steps(model, make_optimizer("sgd", model.parameters()), BATCHES)
+    return losses, full_state(model)
+
+
 TIED_INIT = tie(build_model(CFG)).state_dict()
-TIED_REFERENCE = (lambda m: (train_steps(m, make_optimizer("sgd", m.parameters()), BATCHES),
-                             full_state(m)))(tie(build_model(CFG)))
+TIED_REFERENCE = tied_reference()
 
 
 def tied_embeddings(rank: guide.Rank, mesh) -> dict:
@@ -193,17 +228,18 @@ def tied_embeddings(rank: guide.Rank, mesh) -> dict:
 
     with torch.device("meta"):
         model = tie(TinyLM(CFG))
-    fully_shard([model.tok_emb, model.head], mesh=mesh)  # right: one group for the tied pair
+    fully_shard([model.tok_emb, model.head], mesh=mesh)  # right: one group for the pair
     sharding.apply_fsdp2(model, mesh)
     tied = {"after fully_shard": model.head.weight is model.tok_emb.weight}
     model.to_empty(device=rank.device)
     tied["after to_empty"] = model.head.weight is model.tok_emb.weight
-    set_model_state_dict(model, TIED_INIT if rank.is_main else {}, options=StateDictOptions(
-        full_state_dict=True, broadcast_from_rank0=True))
+    from_rank0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, TIED_INIT if rank.is_main else {}, options=from_rank0)
     opt = make_optimizer("sgd", model.parameters())
     losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
     tied["after training"] = model.head.weight is model.tok_emb.weight
-    return {"messages": messages, "tied": tied, "losses": losses, "params": full_state(model)}
+    return {"messages": messages, "tied": tied, "losses": losses,
+            "params": full_state(model)}
 
 
 # %%
@@ -218,7 +254,8 @@ def tied_embeddings(rank: guide.Rank, mesh) -> dict:
 # three linear layers whose ``forward`` returns a view, each in its own ``fully_shard`` group, with
 # residual connections. The fix is out of place: ``y = y + x``.
 class ViewOut(nn.Module):
-    """A linear layer whose output is a view (as any ``.view``/``.transpose`` at the end makes)."""
+    """A linear layer whose output is a view (as any ``.view``/``.transpose`` at the
+    end makes)."""
 
     def __init__(self, d: int = 8) -> None:
         super().__init__()
@@ -266,15 +303,18 @@ RESIDUAL_REFERENCE = residual_grads(
 
 def inplace_output(rank: guide.Rank, mesh) -> dict:
     out = {}
-    for name, inplace, reshard in (("in place", True, None), ("in place, no reshard", True, False),
+    for name, inplace, reshard in (("in place", True, None),
+                                   ("in place, no reshard", True, False),
                                    ("out of place", False, None)):
         model = residual(inplace).to(rank.device)
         for layer in model.layers:
             fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh)
-        grads, messages = caught(residual_grads, model, residual_input(rank.rank).to(rank.device))
-        out[name] = {"grads": grads, "messages": messages, "grad types": None if grads is None else
-                     sorted({type(p.grad).__name__ for p in model.parameters()})}
+        x = residual_input(rank.rank).to(rank.device)
+        grads, messages = caught(residual_grads, model, x)
+        types = sorted({type(p.grad).__name__ for p in model.parameters()})
+        out[name] = {"grads": grads, "messages": messages,
+                     "grad types": None if grads is None else types}
     return out
 
 
@@ -299,13 +339,15 @@ TOTAL_NORM_REFERENCE = torch.nn.utils.get_total_norm(
 
 def grad_norms(rank: guide.Rank, mesh) -> dict:
     model = sharding.apply_fsdp2(build_model(CFG, device=rank.device), mesh)
-    next_token_loss(model, rank_slice(BATCHES[0], rank.rank, rank.world_size)).backward()
+    tokens = rank_slice(BATCHES[0], rank.rank, rank.world_size)
+    next_token_loss(model, tokens).backward()
     norms = {n: p.grad.norm() for n, p in model.named_parameters()}
     total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=float("inf"))
     return {"placements": {str(n.placements) for n in norms.values()},
             "local": {n: v.to_local().item() for n, v in norms.items()},  # WRONG
             "full": {n: v.full_tensor().item() for n, v in norms.items()},  # right
-            "clip placements": str(total.placements), "clip local": total.to_local().item(),
+            "clip placements": str(total.placements),
+            "clip local": total.to_local().item(),
             "clip full": total.full_tensor().item()}
 
 
@@ -336,15 +378,16 @@ def skip_sync(rank: guide.Rank, mesh, fsdp2_way: bool) -> dict:
                 skip = contextlib.nullcontext()
                 if fsdp2_way:
                     model.set_requires_gradient_sync(last)  # right
-                else:  # WRONG: DDP's switches; the guard is False, the flag is never read
+                else:  # WRONG: DDP's switches; the guard is False, the flag unread
                     if isinstance(model, DDP) and not last:
                         skip = model.no_sync()
                     model.require_backward_grad_sync = last
                 with skip:
-                    loss = next_token_loss(model, rank_slice(batch, rank.rank, rank.world_size))
-                    (loss / K).backward()
+                    tokens = rank_slice(batch, rank.rank, rank.world_size)
+                    (next_token_loss(model, tokens) / K).backward()
             opt.step()
-    return {"messages": messages, "reduce_scatters": log.count("reduce_scatter") / STEPS,
+    return {"messages": messages,
+            "reduce_scatters": log.count("reduce_scatter") / STEPS,
             "params": full_state(model)}
 
 
@@ -385,7 +428,8 @@ def root_shard(rank: guide.Rank, mesh, shard_root: bool) -> dict:
         fully_shard(model, mesh=mesh)  # the line that is missing in the wrong way
     opt = make_optimizer("sgd", model.parameters())
     with CollectiveLog(model) as log:
-        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
+        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size,
+                             rank.device)
     return {"losses": losses, "params": full_state(model),
             "layouts": dtensor.param_layouts(model, rank.rank),
             "param_bytes": sum(local_tensor(p).nbytes for p in model.parameters()),
@@ -421,10 +465,11 @@ def reshard_default(rank: guide.Rank, mesh, option: bool | None) -> dict:
     opt = make_optimizer("sgd", model.parameters())
     with CollectiveLog(model) as log:
         train_steps(model, opt, BATCHES[:1], rank.rank, rank.world_size, rank.device)
-    model(BATCHES[0, :, :-1].to(rank.device))  # a forward, no backward: what does the root hold?
-    held = model.tok_emb.weight
-    return {"all_gathers": log.count("all_gather"), "root holds after forward":
-            "sharded (DTensor)" if isinstance(held, DTensor) else "unsharded (plain tensor)"}
+    # a forward, no backward: what does the root hold?
+    model(BATCHES[0, :, :-1].to(rank.device))
+    held = ("sharded (DTensor)" if isinstance(model.tok_emb.weight, DTensor)
+            else "unsharded (plain tensor)")
+    return {"all_gathers": log.count("all_gather"), "root holds after forward": held}
 
 
 # %%
@@ -480,7 +525,8 @@ def worker(rank: guide.Rank) -> dict:
         "6 right": seeds(rank, mesh, same_seed=True),
         "7 wrong": root_shard(rank, mesh, shard_root=False),
         "7 right": root_shard(rank, mesh, shard_root=True),
-        "9": {option: reshard_default(rank, mesh, option) for option in (None, True, False)},
+        "9": {option: reshard_default(rank, mesh, option)
+              for option in (None, True, False)},
         "10 wrong": other_method(rank, mesh, register=False),
         "10 right": other_method(rank, mesh, register=True),
     }
@@ -496,20 +542,32 @@ SUMMARY = []  # (pitfall, symptom, fix, asserted), one row per section
 run = "1. optimizer before fully_shard"
 wrong, right = R["1 wrong"], R["1 right"]
 assert_frozen(run, wrong["before"], wrong["after"], wrong["losses"], wrong["messages"])
-curves = {"optimizer first": mean_over_ranks([res["1 wrong"]["losses"] for res in results]),
-          "fully_shard first": mean_over_ranks([res["1 right"]["losses"] for res in results]),
-          "1 process": ONE_BATCH_REFERENCE[0]}
+WAYS = {"optimizer first": "1 wrong", "fully_shard first": "1 right"}
+curves = {way: mean_over_ranks([res[key]["losses"] for res in results])
+          for way, key in WAYS.items()}
+curves["1 process"] = ONE_BATCH_REFERENCE[0]
 checks.assert_learns(run + " (fixed)", curves["fully_shard first"])
-checks.assert_losses_match(run + " (fixed)", curves["1 process"], curves["fully_shard first"])
+checks.assert_losses_match(run + " (fixed)", curves["1 process"],
+                           curves["fully_shard first"])
 checks.assert_params_match(run + " (fixed)", ONE_BATCH_REFERENCE[1], right["after"],
                            checks.PARAM_TOL["sgd"])
-print(report.table([[s, *(c[s] for c in curves.values())] for s in range(len(ONE_BATCH))],
-                   ["step", *curves], formats={c: ".4f" for c in curves},
-                   title="loss on the same global batch (mean over ranks), 5 SGD steps"))
-moved = max((wrong["after"][k] - wrong["before"][k]).abs().max().item() for k in wrong["before"])
-print(f"\nthe wrong run: {len(wrong['messages'])} warnings or errors; largest parameter change "
+print(report.table([[s, *(c[s] for c in curves.values())]
+                    for s in range(len(ONE_BATCH))],
+                   ["step", *curves], formats=dict.fromkeys(curves, ".4f"),
+                   title=f"loss on the same global batch (mean over ranks), "
+                         f"{len(ONE_BATCH)} SGD steps"))
+moved = max((wrong["after"][k] - wrong["before"][k]).abs().max().item()
+            for k in wrong["before"])
+FROZEN = dict(guard="asserted: pitfall reproduces", steps=len(ONE_BATCH), **RUN)
+said = ledger.claim("pitfalls.optimizer_first.messages", len(wrong["messages"]),
+                    "messages", **FROZEN)
+moved = ledger.claim("pitfalls.optimizer_first.param_change", moved, "absolute",
+                     **FROZEN)
+stuck = ledger.claim("pitfalls.optimizer_first.loss",
+                     round(curves["optimizer first"][0], 4), "nats", **FROZEN)
+print(f"\nthe wrong run: {said} warnings or errors; largest parameter change "
       f"{moved:.1e}")
-SUMMARY.append([run, f"loss stays {curves['optimizer first'][0]:.4f}, silently",
+SUMMARY.append([run, f"loss stays {stuck:.4f}, silently",
                 "optimizer after fully_shard", "frozen; fix = 1 process"])
 
 # %%
@@ -533,20 +591,26 @@ plt.show()
 # 2. Outcome: tied embeddings
 # ---------------------------
 run = "2. tied embeddings"
-error = assert_reproduces(run, R["2"]["messages"], "is shared with a parameter already managed by "
-                                                   "another FSDP group")
+error = assert_reproduces(run, R["2"]["messages"],
+                          "is shared with a parameter already managed by "
+                          "another FSDP group")
 print(error)
 for r, res in enumerate(results):
     checks.expect(all(res["2"]["tied"].values()), "tie kept", run + " (fixed)",
                   f"rank {r}: {res['2']['tied']}")
 checks.assert_learns(run + " (fixed)", R["2"]["losses"])
+tied_losses = mean_over_ranks([res["2"]["losses"] for res in results])
 tied_loss_gap = checks.assert_losses_match(run + " (fixed)", TIED_REFERENCE[0],
-                                           mean_over_ranks([res["2"]["losses"] for res in results]))
-tied_param_gap = checks.assert_params_match(run + " (fixed)", TIED_REFERENCE[1], R["2"]["params"],
-                                            checks.PARAM_TOL["sgd"])
-print(f"\nfully_shard([tok_emb, head]): head.weight is tok_emb.weight {R['2']['tied']}; "
-      f"against the tied single-process model: max |Δloss| {tied_loss_gap:.1e}, "
-      f"max |Δparam| {tied_param_gap:.1e}")
+                                           tied_losses)
+tied_param_gap = checks.assert_params_match(run + " (fixed)", TIED_REFERENCE[1],
+                                            R["2"]["params"], checks.PARAM_TOL["sgd"])
+tied_loss_gap = gap("tied_embeddings.fixed.loss_gap", tied_loss_gap, "nats",
+                    "loss equivalence", steps=STEPS)
+tied_param_gap = gap("tied_embeddings.fixed.param_gap", tied_param_gap, "absolute",
+                     "parameter equivalence", steps=STEPS)
+print(f"\nfully_shard([tok_emb, head]): head.weight is tok_emb.weight "
+      f"{R['2']['tied']}; against the tied single-process model: max |Δloss| "
+      f"{tied_loss_gap:.1e}, max |Δparam| {tied_param_gap:.1e}")
 SUMMARY.append([run, "ValueError: ...already managed by another FSDP group",
                 "fully_shard([tok_emb, head])", "raises; fix = 1 process"])
 
@@ -565,19 +629,24 @@ res = R["3"]
 warning = assert_reproduces(run, res["in place"]["messages"], "returned a view tensor")
 error = assert_reproduces(run, res["in place"]["messages"], "RuntimeError")
 print(warning, error, sep="\n\n")
-checks.expect(res["in place, no reshard"]["grads"] is not None, "hidden by no reshard", run,
-              f"backward failed: {res['in place, no reshard']['messages']}")
-hidden_gap = checks.assert_params_match(run + ", reshard_after_forward=False", RESIDUAL_REFERENCE,
-                                        res["in place, no reshard"]["grads"], GRAD_TOL,
-                                        check="gradients")
+checks.expect(res["in place, no reshard"]["grads"] is not None, "hidden by no reshard",
+              run, f"backward failed: {res['in place, no reshard']['messages']}")
+hidden_gap = checks.assert_params_match(
+    run + ", reshard_after_forward=False", RESIDUAL_REFERENCE,
+    res["in place, no reshard"]["grads"], GRAD_TOL, check="gradients")
 fixed_gap = checks.assert_params_match(run + " (fixed)", RESIDUAL_REFERENCE,
-                                       res["out of place"]["grads"], GRAD_TOL, check="gradients")
-gaps = {name: "raised" if r["grads"] is None else max(
-    (r["grads"][k] - ref).abs().max().item() for k, ref in RESIDUAL_REFERENCE.items())
-    for name, r in res.items()}
+                                       res["out of place"]["grads"], GRAD_TOL,
+                                       check="gradients")
+RESIDUAL = dict(model="residual-3-linear", optimizer="none")
+gaps = {"in place": "raised",
+        "in place, no reshard": gap("inplace_output.no_reshard.grad_gap", hidden_gap,
+                                    "absolute", "gradients", **RESIDUAL),
+        "out of place": gap("inplace_output.fixed.grad_gap", fixed_gap, "absolute",
+                            "gradients", **RESIDUAL)}
 print(report.table([[name, ", ".join(r["grad types"] or ["-"]), gaps[name]]
                     for name, r in res.items()],
-                   ["run", "gradient types", "max |Δgrad|"], formats={"max |Δgrad|": ".1e"}))
+                   ["run", "gradient types", "max |Δgrad|"],
+                   formats={"max |Δgrad|": ".1e"}))
 SUMMARY.append([run, "UserWarning: ...returned a view tensor; " + error.split(":")[0],
                 "y = y + x, not y += x", "fails; fix = 1 process"])
 
@@ -586,7 +655,8 @@ SUMMARY.append([run, "UserWarning: ...returned a view tensor; " + error.split(":
 # -----------------------------------
 run = "4. local part of a norm"
 checks.expect(all(res["4"]["placements"] == {"(_NormPartial(2),)"} for res in results),
-              "pitfall reproduces", run, f"p.grad.norm() placements {R['4']['placements']}")
+              "pitfall reproduces", run,
+              f"p.grad.norm() placements {R['4']['placements']}")
 rows = []
 for name, ref in NORM_REFERENCE.items():
     local = [res["4"]["local"][name] for res in results]
@@ -595,18 +665,20 @@ for name, ref in NORM_REFERENCE.items():
                         [res["4"]["full"][name] for res in results], [ref] * WORLD_SIZE,
                         checks.LOSS_TOL, what=f"{name}.grad.norm().full_tensor()")
     rows.append([name, ref, R["4"]["full"][name], *local])
-print(report.table(rows[:4] + rows[-1:], ["parameter", "1 process", "full_tensor()",
-                                          *(f"to_local() r{r}" for r in range(WORLD_SIZE))],
-                   formats={c: ".5f" for c in ["1 process", "full_tensor()",
-                                               *(f"to_local() r{r}" for r in range(WORLD_SIZE))]}))
+norms = ["1 process", "full_tensor()", *(f"to_local() r{r}" for r in range(WORLD_SIZE))]
+print(report.table(rows[:4] + rows[-1:], ["parameter", *norms],
+                   formats=dict.fromkeys(norms, ".5f")))
 checks.expect(R["4"]["clip placements"] == "(Replicate(),)", "pitfall reproduces", run,
-              f"clip_grad_norm_ now returns {R['4']['clip placements']}: pytorch #170862 is back; "
-              "update this section.")
+              f"clip_grad_norm_ now returns {R['4']['clip placements']}: pytorch "
+              "#170862 is back; update this section.")
 checks.expect_close("gradient norm", run, [res["4"]["clip local"] for res in results],
-                    [TOTAL_NORM_REFERENCE] * WORLD_SIZE, checks.LOSS_TOL, what="clip_grad_norm_")
-print(f"\np.grad.norm() placements: {next(iter(R['4']['placements']))}; clip_grad_norm_ returns "
-      f"{R['4']['clip placements']}: its to_local() {R['4']['clip local']:.5f} is the norm "
-      f"(1 process: {TOTAL_NORM_REFERENCE:.5f})")
+                    [TOTAL_NORM_REFERENCE] * WORLD_SIZE, checks.LOSS_TOL,
+                    what="clip_grad_norm_")
+total = ledger.claim("pitfalls.grad_norm.total", round(TOTAL_NORM_REFERENCE, 5),
+                     "gradient 2-norm", guard="asserted: gradient norm", step=0, **RUN)
+print(f"\np.grad.norm() placements: {next(iter(R['4']['placements']))}; "
+      f"clip_grad_norm_ returns {R['4']['clip placements']}: its to_local() "
+      f"{R['4']['clip local']:.5f} is the norm (1 process: {total:.5f})")
 SUMMARY.append([run, "p.grad.norm().to_local() differs by rank", ".full_tensor()",
                 "partial; fix = 1 process"])
 
@@ -618,18 +690,31 @@ wrong, right = R["5 wrong"], R["5 right"]
 error = assert_reproduces(run, wrong["messages"], "object has no attribute 'no_sync'")
 units = len(sharding.fsdp2_units(build_model(CFG)))
 checks.expect(wrong["reduce_scatters"] == K * units, "pitfall reproduces", run,
-              f"{wrong['reduce_scatters']} reduce-scatters per step, expected {K} x {units}")
+              f"{wrong['reduce_scatters']} reduce-scatters per step, expected "
+              f"{K} x {units}")
 checks.expect(right["reduce_scatters"] == units, "comm calls", run + " (fixed)",
               f"{right['reduce_scatters']} reduce-scatters per step, expected {units}")
 for name, r in (("DDP-style", wrong), ("set_requires_gradient_sync", right)):
-    checks.assert_params_match(f"{run}, {name}", REFERENCE[1], r["params"], checks.PARAM_TOL["sgd"])
+    checks.assert_params_match(f"{run}, {name}", REFERENCE[1], r["params"],
+                               checks.PARAM_TOL["sgd"])
+units = ledger.claim("tinylm.2-blocks.fsdp2_units", units, "fully_shard groups")
+ACCUMULATE = dict(micro_batches=K, **RUN)
+calls = {  # (claim, reduce-scatters per step, check)
+    "no_sync / require_backward_grad_sync": (
+        "ddp_style", wrong["reduce_scatters"], "pitfall reproduces"),
+    "set_requires_gradient_sync(False)": (
+        "fixed", right["reduce_scatters"], "comm calls"),
+}
+calls = {way: ledger.claim(f"pitfalls.no_sync.{name}.reduce_scatters_per_step", int(n),
+                           "calls", guard=f"asserted: {check}", **ACCUMULATE)
+         for way, (name, n, check) in calls.items()}
 print(error)
-print(report.table([["no_sync / require_backward_grad_sync", wrong["reduce_scatters"]],
-                    ["set_requires_gradient_sync(False)", right["reduce_scatters"]]],
+print(report.table(list(calls.items()),
                    ["gradient sync skipped with", "reduce-scatters per step"],
                    title=f"{K} micro-batches per step, {units} fully_shard groups; "
-                         "both runs end at the 1-process parameters"))
-SUMMARY.append([run, f"AttributeError; {wrong['reduce_scatters']:.0f} reduce-scatters/step",
+                   "both runs end at the 1-process parameters"))
+ddp_style = calls["no_sync / require_backward_grad_sync"]
+SUMMARY.append([run, f"AttributeError; {ddp_style} reduce-scatters/step",
                 "set_requires_gradient_sync", f"{K}x calls; fix = {units}/step"])
 
 # %%
@@ -637,16 +722,20 @@ SUMMARY.append([run, f"AttributeError; {wrong['reduce_scatters']:.0f} reduce-sca
 # ---------------------------
 run = "6. seed per rank"
 initial = full_state(build_model(CFG))
-gap = assert_differs(run, initial, R["6 wrong"], 0.0)
+seed_gap = assert_differs(run, initial, R["6 wrong"], 0.0)
 seeded = {r: build_model(CFG, seed=r).tok_emb.weight for r in range(WORLD_SIZE)}
 chunks = dtensor.chunk_sizes(CFG.vocab, WORLD_SIZE)
-patch = torch.cat([seeded[r][sum(chunks[:r]):sum(chunks[:r + 1])] for r in range(WORLD_SIZE)])
-checks.expect(torch.equal(R["6 wrong"]["tok_emb.weight"], patch), "pitfall reproduces", run,
-              "the jointly held tok_emb is not rank r's rows of seed r's model")
+patch = torch.cat([seeded[r][sum(chunks[:r]):sum(chunks[:r + 1])]
+                   for r in range(WORLD_SIZE)])
+checks.expect(torch.equal(R["6 wrong"]["tok_emb.weight"], patch), "pitfall reproduces",
+              run, "the jointly held tok_emb is not rank r's rows of seed r's model")
 checks.assert_same_init(run + " (fixed)", initial, R["6 right"])
 origin = ", ".join(f"rows {sum(chunks[:r])}-{sum(chunks[:r + 1]) - 1} from seed {r}"
                    for r in range(WORLD_SIZE))
-print(f"tok_emb.weight as the ranks hold it: {origin}; worst gap to the seed-0 model {gap:.2f}")
+seed_gap = ledger.claim("pitfalls.seed_per_rank.gap", round(seed_gap, 2), "absolute",
+                        guard="asserted: pitfall reproduces", **RUN)
+print(f"tok_emb.weight as the ranks hold it: {origin}; worst gap to the seed-0 model "
+      f"{seed_gap:.2f}")
 SUMMARY.append([run, "none: a patchwork of seeds", "same seed on every rank",
                 "patchwork; fix = seed 0"])
 
@@ -656,29 +745,48 @@ SUMMARY.append([run, "none: a patchwork of seeds", "same seed on every rank",
 run = "7. no root fully_shard"
 wrong, right = R["7 wrong"], R["7 right"]
 plain = sorted({lay.name for lay in wrong["layouts"] if not lay.is_dtensor})
-drift = assert_differs(run, results[0]["7 wrong"]["params"], results[1]["7 wrong"]["params"], 0.0)
+drift = assert_differs(run, results[0]["7 wrong"]["params"],
+                       results[1]["7 wrong"]["params"], 0.0)
+# each block is a root: kept until backward
 blocks_only = [comm.FSDPGroup.of(b.parameters(), reshard_after_forward=False)
-               for b in build_model(CFG).blocks]  # each block is a root: kept until backward
+               for b in build_model(CFG).blocks]
 for name, r, groups in (("blocks only", wrong, blocks_only),
                         ("blocks + root", right, comm.fsdp2_groups(build_model(CFG)))):
     model_calls = comm.fsdp2_step(groups, WORLD_SIZE)
     for kind in ("all_gather", "reduce_scatter"):
-        checks.expect(r[kind + "s"] == sum(c.kind == kind for c in model_calls), "comm calls",
-                      f"{run}, {name}", f"{r[kind + 's']} {kind} per step")
+        checks.expect(r[kind + "s"] == sum(c.kind == kind for c in model_calls),
+                      "comm calls", f"{run}, {name}",
+                      f"{r[kind + 's']} {kind} per step")
 checks.assert_sharded(run + " (fixed)",
-                      [lay for res in results for lay in res["7 right"]["layouts"]], WORLD_SIZE)
-checks.assert_ranks_agree(run + " (fixed)", [res["7 right"]["params"] for res in results])
-checks.assert_params_match(run + " (fixed)", REFERENCE[1], right["params"], checks.PARAM_TOL["sgd"])
+                      [lay for res in results for lay in res["7 right"]["layouts"]],
+                      WORLD_SIZE)
+checks.assert_ranks_agree(run + " (fixed)",
+                          [res["7 right"]["params"] for res in results])
+checks.assert_params_match(run + " (fixed)", REFERENCE[1], right["params"],
+                           checks.PARAM_TOL["sgd"])
+drift = gap("no_root.drift", drift, "absolute", "pitfall reproduces", steps=STEPS)
 print(f"plain, unreduced tensors without the root call: {plain}")
 print(f"after {STEPS} steps the ranks' copies differ by up to {drift:.1e}\n")
-print(report.table([[name, r["param_bytes"] / 2**10, r["all_gathers"], r["reduce_scatters"]]
-                    for name, r in (("blocks only", wrong), ("blocks + root", right))],
+
+
+def root_row(name: str, prefix: str, r: dict) -> list:
+    """One row of the table below, each number recorded."""
+    kib = ledger.claim(f"{prefix}.params_kib_rank0", round(r["param_bytes"] / 2**10, 1),
+                       "KiB", precision="fp32", **RUN)
+    return [name, kib,
+            *(ledger.claim(f"{prefix}.{kind}s_per_step", int(r[kind + "s"]), "calls",
+                           guard="asserted: comm calls")
+              for kind in ("all_gather", "reduce_scatter"))]
+
+
+print(report.table([root_row("blocks only", "pitfalls.no_root", wrong),
+                    root_row("blocks + root", "tinylm.2-blocks.fsdp2", right)],
                    ["fully_shard on", "params on rank 0 (KiB)", "all-gathers/step",
                     "reduce-scatters/step"], formats={"params on rank 0 (KiB)": ".1f"}))
-SUMMARY.append([run, f"none: ranks drift apart ({drift:.0e})", "fully_shard(model) last",
-                "drift; fix = 1 process"])
-SUMMARY.append(["8. meta-device init", "none: not the 1-process model", "broadcast_from_rank0",
-                "on the checkpoint page"])
+SUMMARY.append([run, f"none: ranks drift apart ({drift:.1e})",
+                "fully_shard(model) last", "drift; fix = 1 process"])
+SUMMARY.append(["8. meta-device init", "none: not the 1-process model",
+                "broadcast_from_rank0", "on the checkpoint page"])
 
 # %%
 # 9. Outcome: ``reshard_after_forward``
@@ -686,7 +794,8 @@ SUMMARY.append(["8. meta-device init", "none: not the 1-process model", "broadca
 run = "9. reshard_after_forward=True"
 default = inspect.signature(fully_shard).parameters["reshard_after_forward"].default
 counts = {option: R["9"][option]["all_gathers"] for option in (None, True, False)}
-checks.expect(default is None, "pitfall reproduces", run, f"the default is now {default!r}")
+checks.expect(default is None, "pitfall reproduces", run,
+              f"the default is now {default!r}")
 for option, measured in counts.items():
     expected = sum(c.kind == "all_gather" for c in comm.fsdp2_step(
         comm.fsdp2_groups(build_model(CFG), option), WORLD_SIZE))
@@ -696,7 +805,12 @@ checks.expect(counts[True] == counts[None] + 1, "pitfall reproduces", run,
               f"True costs {counts[True]} all-gathers, the default {counts[None]}")
 print(f"fully_shard(..., reshard_after_forward={default!r}) is the default on torch "
       f"{torch.__version__}\n")
-print(report.table([[repr(o), counts[o], R["9"][o]["root holds after forward"]] for o in counts],
+VARIANT = {None: "fsdp2", True: "fsdp2_reshard_root", False: "fsdp2_no_reshard"}
+counts = {o: ledger.claim(f"tinylm.2-blocks.{VARIANT[o]}.all_gathers_per_step", n,
+                          "calls", guard="asserted: comm calls")
+          for o, n in counts.items()}
+print(report.table([[repr(o), counts[o], R["9"][o]["root holds after forward"]]
+                    for o in counts],
                    ["reshard_after_forward", "all-gathers per step",
                     "root's tok_emb after forward"]))
 SUMMARY.append([run, f"{counts[True]} all-gathers/step, not {counts[None]}",
@@ -706,11 +820,13 @@ SUMMARY.append([run, f"{counts[True]} all-gathers/step, not {counts[None]}",
 # 10. Outcome: a method other than ``forward``
 # --------------------------------------------
 run = "10. method other than forward"
-error = assert_reproduces(run, R["10 wrong"]["messages"], "got mixed torch.Tensor and DTensor")
+error = assert_reproduces(run, R["10 wrong"]["messages"],
+                          "got mixed torch.Tensor and DTensor")
 print(error)
 embed_gap = checks.assert_params_match(run + " (fixed)", {"embed": EMBED_REFERENCE},
                                        {"embed": R["10 right"]["embed"]}, GRAD_TOL,
                                        check="method output")
+embed_gap = gap("other_method.fixed.gap", embed_gap, "absolute", "method output")
 print(f"\nwith register_fsdp_forward_method: max |Δ| to 1 process {embed_gap:.1e}")
 SUMMARY.append([run, "RuntimeError: ...got mixed torch.Tensor and DTensor",
                 "register_fsdp_forward_method", "raises; fix = 1 process"])

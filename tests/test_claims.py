@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import pytest
 from guide import claims
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+EXAMPLES = sorted(p.stem for p in (DOCS.parent / "examples").glob("plot_*.py"))
 
 
 def test_a_claim_is_returned_and_recorded(tmp_path, monkeypatch) -> None:
@@ -66,6 +68,38 @@ def test_values_equal_to_rounding_noise_agree() -> None:
 def test_bad_claims_are_refused(bad) -> None:
     with pytest.raises((ValueError, TypeError)):
         claims.Ledger("plot_a").claim(**bad)
+
+
+def test_missing_pages_are_the_pages_without_a_record() -> None:
+    a = claims.Claim("x", 1.0, "GiB", "plot_a", (), "computed")
+    c = claims.Claim("y", 2, "ranks", "plot_c", (), "computed")
+    pages = ["plot_a", "plot_b", "plot_c", "plot_d"]
+    assert claims.missing_pages([a, c, a], pages) == ["plot_b", "plot_d"]
+    assert claims.missing_pages([a, c], ["plot_c", "plot_a"]) == []
+    assert claims.missing_pages([], pages) == pages
+
+
+def _ledger_page_code() -> str:
+    """The code cells of docs/pages/ledger.md, without their MyST options."""
+    text = (DOCS / "pages" / "ledger.md").read_text()
+    cells = re.findall(r"```\{code-cell\} ipython3\n(.*?)```", text, re.S)
+    return "\n".join(line for cell in cells for line in cell.splitlines()
+                     if not line.startswith(":"))
+
+
+def test_the_ledger_page_fails_naming_an_example_that_recorded_nothing(tmp_path,
+                                                                       monkeypatch) -> None:
+    monkeypatch.setenv(claims.LEDGER_ENV, str(tmp_path))
+    monkeypatch.chdir(DOCS / "pages")  # where MyST-NB runs the page
+    for page in EXAMPLES[1:]:  # the first example's records are missing
+        claims.Ledger(page).claim(f"{page}.x", 1, "parameters")
+    with pytest.raises(RuntimeError, match="ledger is incomplete") as err:
+        exec(_ledger_page_code(), {})
+    assert f"examples/{EXAMPLES[0]}.py" in str(err.value)
+    assert f"examples/{EXAMPLES[1]}.py" not in str(err.value)
+    assert "rm -rf docs/auto_examples" in str(err.value)
+    claims.Ledger(EXAMPLES[0]).claim(f"{EXAMPLES[0]}.x", 1, "parameters")
+    exec(_ledger_page_code(), {})  # complete: the page runs
 
 
 def test_ledger_page_names_are_checked() -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Claim", "Contradiction", "Ledger", "LEDGER_ENV", "by_name", "contradictions", "load",
-           "raise_on_contradictions"]
+           "missing_pages", "raise_on_contradictions"]
 
 #: The environment variable naming the directory the build's ledger is written to.
 LEDGER_ENV = "GUIDE_LEDGER_DIR"
@@ -155,6 +155,18 @@ def raise_on_contradictions(records: Iterable[Claim]) -> None:
     if found:
         raise AssertionError("[ledger] the site contradicts itself:\n" +
                              "\n".join(f"- {c}" for c in found))
+
+
+def missing_pages(records: Iterable[Claim], pages: Iterable[str]) -> list[str]:
+    """The pages among ``pages`` that have no record in ``records``, in the order given.
+
+    Every page of the gallery states numbers, so a page without a record means the ledger is
+    incomplete: the page did not run in this build (sphinx-gallery reuses an unchanged example's
+    output without running it, so its records are gone if the ledger directory was deleted), or it
+    states its numbers without recording them.
+    """
+    recorded = {r.page for r in records}
+    return [page for page in pages if page not in recorded]
 
 
 def by_name(records: Iterable[Claim]) -> Mapping[str, list[Claim]]:
