@@ -25,7 +25,7 @@ estimators people use and against published measurements of real runs.
 # :func:`torch.autograd.graph.saved_tensors_hooks`. :class:`guide.saved_tensors.SavedTensors`
 # counts them there: each *storage* once (SDPA saves ``q``, ``k``, ``v``, three views of one
 # ``qkv`` output), parameters left out (a linear layer saves its weight; that is model state).
-# One transformer block of the site's model, a micro-batch of 2 sequences of 64 tokens:
+# One transformer block of the site's model, on the micro-batch the table's title names:
 import collections
 import dataclasses
 import math
@@ -35,15 +35,19 @@ import time
 import matplotlib.pyplot as plt
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    checkpoint_wrapper,
+)
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, sharding
+from guide import checks, claims, constants, sharding
 from guide.data import rank_slice, synthetic_batches
 from guide.dtensor import full_state
-from guide.memory import PRESETS, PeakMemory, current_bytes, per_rank_state_bytes, prepare
+from guide.memory import (PRECISIONS, PRESETS, PeakMemory, current_bytes,
+                          per_rank_state_bytes, prepare, state_bytes_for_count)
 from guide.memory.activations import (
+    KORTHIKANTI_SBH,
     activation_bytes,
     checkpointed_layer_bytes,
     korthikanti_layer_bytes,
@@ -55,20 +59,23 @@ from guide.model import ModelConfig, build_model
 from guide.plotting import style
 from guide.report import table
 from guide.saved_tensors import SavedTensors
-from guide.training import make_optimizer, next_token_loss
+from guide.training import OPTIMIZERS, make_optimizer, next_token_loss
 
 KiB, MiB, GB = 2**10, 2**20, 10**9
+ledger = claims.Ledger("plot_activation_memory")  # every number this page states
 
 
 def block_input(cfg: ModelConfig, batch: int, seq: int) -> torch.Tensor:
-    """A block's input as the model makes it: embeddings of random tokens (requires grad)."""
+    """A block's input as the model makes it: embeddings of random tokens (grad on)."""
     model = build_model(cfg)
-    tokens = torch.randint(0, cfg.vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, cfg.vocab, (batch, seq),
+                           generator=torch.Generator().manual_seed(0))
     return model.tok_emb(tokens) + model.pos_emb(torch.arange(seq))
 
 
-def saved_by_block(cfg: ModelConfig, batch: int, seq: int) -> tuple[SavedTensors, torch.Tensor]:
-    """What one fresh block of ``cfg`` saves for a ``(batch, seq)`` input; and its output."""
+def saved_by_block(cfg: ModelConfig, batch: int,
+                   seq: int) -> tuple[SavedTensors, torch.Tensor]:
+    """What one fresh block of ``cfg`` saves for a ``(batch, seq)`` input; its output"""
     block = build_model(cfg).blocks[0]
     x = block_input(cfg, batch, seq)
     with SavedTensors() as saved:
@@ -77,10 +84,12 @@ def saved_by_block(cfg: ModelConfig, batch: int, seq: int) -> tuple[SavedTensors
 
 
 BASE = ModelConfig(d_model=64, n_heads=4, d_mlp=256, max_seq=512)
-saved, _ = saved_by_block(BASE, batch=2, seq=64)
-print(table([(s.shape, s.dtype, s.nbytes) for s in saved.storages], ["shape", "dtype", "bytes"],
-            title=f"one block, SDPA attention: {len(saved.storages)} storages, "
-                  f"{saved.nbytes:,} bytes (measured)"))
+S, B = 64, 2  # tokens per sequence, sequences in the micro-batch
+saved, _ = saved_by_block(BASE, batch=B, seq=S)
+print(table([(s.shape, s.dtype, s.nbytes) for s in saved.storages],
+            ["shape", "dtype", "bytes"],
+            title=f"one block, SDPA attention, s={S} b={B}: {len(saved.storages)} "
+                  f"storages, {saved.nbytes:,} bytes (measured)"))
 
 # %%
 # The formula, term by term, against Korthikanti's
@@ -91,13 +100,17 @@ print(table([(s.shape, s.dtype, s.nbytes) for s in saved.storages], ["shape", "d
 # and why the two differ. The site's model runs in fp32 (every shared term is twice Korthikanti's),
 # has no dropout, and computes attention with SDPA, whose fused kernel never stores the ``s x s``
 # scores: it keeps one fp32 log-sum-exp per query and head instead.
-terms = tinylm_terms(BASE, 64, 2)
-derived = tinylm_layer_bytes(BASE, 64, 2)
-checks.expect(saved.nbytes == derived, "activation formula", "SDPA, s=64 b=2 h=64 a=4",
+terms = tinylm_terms(BASE, S, B)
+derived = tinylm_layer_bytes(BASE, S, B)
+shape = f"s={S} b={B} h={BASE.d_model} a={BASE.n_heads}"
+checks.expect(saved.nbytes == derived, "activation formula", f"SDPA, {shape}",
               f"measured {saved.nbytes:,} B, derived {derived:,} B")
+derived = ledger.claim(f"tinylm.block.sdpa.s{S}-b{B}.saved_bytes",
+                       derived, "bytes", guard="asserted: activation formula",
+                       model=repr(BASE))
 print(table([(t.name, t.tinylm, t.korthikanti) for t in terms]
             + [("total", derived, sum(t.korthikanti for t in terms))],
-            ["term (one layer, s=64, b=2, h=64, a=4)", "TinyLM bytes", "Korthikanti bytes"],
+            [f"term (one layer, {shape})", "TinyLM bytes", "Korthikanti bytes"],
             title=f"measured {saved.nbytes:,} B = derived {derived:,} B"))
 print("\nwhy they differ:")
 print("\n".join(f"- {t.name}: {t.why}" for t in terms))
@@ -120,19 +133,29 @@ SHAPES = [  # (s, b, h, a): each of s, b, h, a varied around (64, 2, 64, 4); m =
 rows = []
 for attention in ("sdpa", "explicit"):
     for s, b, h, a in SHAPES:
-        cfg = ModelConfig(d_model=h, n_heads=a, d_mlp=4 * h, max_seq=512, attention=attention)
+        cfg = ModelConfig(d_model=h, n_heads=a, d_mlp=4 * h, max_seq=512,
+                          attention=attention)
         measured = saved_by_block(cfg, b, s)[0].nbytes
         derived = tinylm_layer_bytes(cfg, s, b)
-        checks.expect(measured == derived, "activation formula", f"{attention}, s={s} b={b} h={h} "
-                      f"a={a}", f"measured {measured:,} B, derived {derived:,} B")
+        checks.expect(measured == derived, "activation formula",
+                      f"{attention}, s={s} b={b} h={h} a={a}",
+                      f"measured {measured:,} B, derived {derived:,} B")
         korth = korthikanti_layer_bytes(s, b, h, a, fused_attention=attention == "sdpa")
-        rows.append((attention, s, b, h, a, measured, derived, korth, korth / measured - 1))
-print(table(rows, ["attention", "s", "b", "h", "a", "measured B", "derived B", "Korthikanti B",
-                   "Korthikanti error"], formats={"Korthikanti error": "+.0%"}))
-errors = [r[-1] for r in rows if r[0] == "sdpa"]
-print(f"\nmeasured = derived to the byte in all {len(rows)} cases. With SDPA, Korthikanti's "
-      f"34*s*b*h is {min(errors):+.0%} to {max(errors):+.0%} off: fp32 doubles every shared term, and the "
-      "dropout masks it counts do not exist here.")
+        rows.append((attention, s, b, h, a, measured, derived, korth,
+                     korth / measured - 1))
+print(table(rows, ["attention", "s", "b", "h", "a", "measured B", "derived B",
+                   "Korthikanti B", "Korthikanti error"],
+            formats={"Korthikanti error": "+.0%"}))
+cases = ledger.claim("tinylm.block.formula_cases", len(rows), "shapes",
+                     guard="asserted: activation formula")
+err = {f: ledger.claim(f"korthikanti.vs-tinylm.sdpa.error_{f.__name__}",
+                       round(f(r[-1] for r in rows if r[0] == "sdpa"), 2), "fraction",
+                       guard="asserted: activation formula", shapes=SHAPES)
+       for f in (min, max)}
+sbh = constants.cite(ledger, "korthikanti.eq1.sbh_bytes")
+print(f"\nmeasured = derived to the byte in all {cases} cases. With SDPA, "
+      f"Korthikanti's {sbh}*s*b*h is {err[min]:+.0%} to {err[max]:+.0%} off: fp32 "
+      "doubles every shared term, and the dropout masks it counts do not exist here.")
 
 # %%
 # SDPA and explicit attention compute the same thing; only the memory differs
@@ -140,35 +163,38 @@ print(f"\nmeasured = derived to the byte in all {len(rows)} cases. With SDPA, Ko
 # One block, same weights, same input, both implementations: the outputs agree to fp32 rounding,
 # and the bytes kept for backward split as ``s`` grows, linearly for SDPA, quadratically with the
 # scores kept.
-out = {att: saved_by_block(ModelConfig(d_model=64, n_heads=4, d_mlp=256, max_seq=512,
-                                       attention=att), 2, 256)[1]
-       for att in ("sdpa", "explicit")}
-gap = checks.expect_close("same attention", "SDPA vs explicit, s=256",
+LONGEST = 256  # the sequence length of the comparison
+ATT = {att: dataclasses.replace(BASE, attention=att) for att in ("sdpa", "explicit")}
+out = {att: saved_by_block(cfg, B, LONGEST)[1] for att, cfg in ATT.items()}
+gap = checks.expect_close("same attention", f"SDPA vs explicit, s={LONGEST}",
                           (out["sdpa"] - out["explicit"]).abs().max().item(), 0.0, 1e-5,
                           "max abs output difference")
+gap = ledger.claim(f"tinylm.block.sdpa_vs_explicit.s{LONGEST}.max_output_gap",
+                   float(f"{gap:.1e}"), "absolute", guard="asserted: same attention",
+                   model=repr(BASE), micro_batch=B)
 print(f"largest output difference, SDPA vs explicit: {gap:.1e}")
 
 SEQS = (32, 64, 128, 256, 512)
-curve = {att: [saved_by_block(ModelConfig(d_model=64, n_heads=4, d_mlp=256, max_seq=512,
-                                          attention=att), 2, s)[0].nbytes for s in SEQS]
-         for att in ("sdpa", "explicit")}
+curve = {att: [saved_by_block(cfg, B, s)[0].nbytes for s in SEQS]
+         for att, cfg in ATT.items()}
 style()
 fig, ax = plt.subplots(figsize=(7.2, 4.2))
 for att, color in (("sdpa", "#d62728"), ("explicit", "#1f77b4")):
-    cfg = ModelConfig(d_model=64, n_heads=4, d_mlp=256, max_seq=512, attention=att)
-    ax.plot(SEQS, [tinylm_layer_bytes(cfg, s, 2) / KiB for s in SEQS], color=color, lw=1.5,
-            label=f"TinyLM formula, {att}")
+    ax.plot(SEQS, [tinylm_layer_bytes(ATT[att], s, B) / KiB for s in SEQS], color=color,
+            lw=1.5, label=f"TinyLM formula, {att}")
     ax.plot(SEQS, [v / KiB for v in curve[att]], "o", color=color, ms=6,
             label=f"measured, {att}")
 for fused, ls in ((True, "--"), (False, ":")):
-    ax.plot(SEQS, [korthikanti_layer_bytes(s, 2, 64, 4, fused_attention=fused) / KiB
-                   for s in SEQS], color="grey", ls=ls,
+    ax.plot(SEQS, [korthikanti_layer_bytes(s, B, BASE.d_model, BASE.n_heads,
+                                           fused_attention=fused) / KiB for s in SEQS],
+            color="grey", ls=ls,
             label=f"Korthikanti, {'no scores (fused)' if fused else 'with scores'}")
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("sequence length s (tokens)")
 ax.set_ylabel("bytes saved for backward, one layer (KiB)")
-ax.set_title("One layer (b=2, h=64, a=4): measured on the formula; scores grow as s²")
+ax.set_title(f"One layer (b={B}, h={BASE.d_model}, a={BASE.n_heads}): measured on the "
+             "formula; scores grow as s²")
 ax.legend(fontsize=9)
 plt.show()
 
@@ -194,13 +220,14 @@ plt.show()
 # (:class:`guide.memory.PeakMemory`), how often each block's forward runs, and the step time.
 CFG = ModelConfig(vocab=128, d_model=128, n_layers=4, n_heads=4, d_mlp=512, max_seq=128)
 N = guide.world_size(2)  # 2 here; torchrun's WORLD_SIZE under torchrun
-SEQ, STEPS, MEASURED_STEP = 128, 6, 1  # step 0 warms up; step 1 is measured; 2.. are timed
-BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=SEQ, vocab=CFG.vocab, seed=0)
+SEQ, STEPS, MEASURED_STEP = 128, 6, 1  # step 0 warms up; 1 is measured; 2.. are timed
+BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=SEQ, vocab=CFG.vocab,
+                            seed=0)
 MICRO = BATCHES.shape[1] // N  # sequences per rank
 
 
 def apply_checkpointing(model: nn.Module) -> nn.Module:
-    """``checkpoint_wrapper`` around every block, as torchtitan's ``apply_ac`` does (full AC)."""
+    """``checkpoint_wrapper`` around every block, as torchtitan's ``apply_ac`` does."""
     for i, block in enumerate(model.blocks):
         model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
     return model
@@ -220,9 +247,10 @@ def ac_worker(rank: guide.Rank) -> dict:
         if mode == "checkpointed":
             apply_checkpointing(model)
         sharding.apply_fsdp2(model, mesh)
-        for block in model.blocks:  # the block inside the wrapper: its forward runs on recompute
+        for block in model.blocks:  # the block inside the wrapper: runs on recompute
             inner = getattr(block, "_checkpoint_wrapped_module", block)
-            inner.register_forward_pre_hook(lambda *_, mode=mode: forwards.update([mode]))
+            inner.register_forward_pre_hook(
+                lambda *_, mode=mode: forwards.update([mode]))
         runs[mode] = dict(model=model, opt=make_optimizer("adamw", model.parameters()),
                           losses=[], seconds=[])
     for step, batch in enumerate(BATCHES):
@@ -236,7 +264,8 @@ def ac_worker(rank: guide.Rank) -> dict:
                 with PeakMemory(rank.device) as peak:
                     with SavedTensors(run["model"].blocks) as saved:
                         loss = next_token_loss(run["model"], tokens)
-                    run["after_forward"] = current_bytes(rank.device) - peak.baseline_bytes
+                    run["after_forward"] = (current_bytes(rank.device)
+                                            - peak.baseline_bytes)
                     loss.backward()
                 run["saved"], run["peak"] = saved.nbytes, peak.peak_bytes
             else:
@@ -246,9 +275,11 @@ def ac_worker(rank: guide.Rank) -> dict:
             run["losses"].append(loss.item())
             run["seconds"].append(time.perf_counter() - start)
             run["forwards_per_step"] = forwards[mode] - calls
-    return {mode: dict(losses=r["losses"], saved=r["saved"], after_forward=r["after_forward"],
-                       peak=r["peak"], seconds=r["seconds"][MEASURED_STEP + 1:],
-                       forwards_per_step=r["forwards_per_step"], device=rank.device.type,
+    return {mode: dict(losses=r["losses"], saved=r["saved"],
+                       after_forward=r["after_forward"], peak=r["peak"],
+                       seconds=r["seconds"][MEASURED_STEP + 1:],
+                       forwards_per_step=r["forwards_per_step"],
+                       device=rank.device.type,
                        state=plain_names(full_state(r["model"])))
             for mode, r in runs.items()}
 
@@ -273,8 +304,10 @@ for rank, res in enumerate(results):
     run = f"FSDP2 x{N}, rank {rank}"
     if res["plain"]["device"] == "cpu":
         checks.expect(res["plain"]["saved"] == want_plain, "activation formula", run,
-                      f"plain blocks saved {res['plain']['saved']:,} B, formula {want_plain:,} B")
-    checks.expect(res["checkpointed"]["saved"] == want_ckpt, "checkpointing keeps inputs", run,
+                      f"plain blocks saved {res['plain']['saved']:,} B, formula "
+                      f"{want_plain:,} B")
+    checks.expect(res["checkpointed"]["saved"] == want_ckpt,
+                  "checkpointing keeps inputs", run,
                   f"checkpointed blocks saved {res['checkpointed']['saved']:,} B, "
                   f"{L} block inputs are {want_ckpt:,} B")
     checks.assert_losses_match(f"checkpointed, {run}", res["plain"]["losses"],
@@ -283,39 +316,65 @@ for rank, res in enumerate(results):
                                res["checkpointed"]["state"], tol=0.0)
     checks.expect(res["checkpointed"]["forwards_per_step"] == 2 * L
                   and res["plain"]["forwards_per_step"] == L, "one extra forward", run,
-                  f"block forwards per step: plain {res['plain']['forwards_per_step']}, "
+                  "block forwards per step: plain "
+                  f"{res['plain']['forwards_per_step']}, "
                   f"checkpointed {res['checkpointed']['forwards_per_step']} "
                   f"(expected {L} and {2 * L})")
 drop = checks.assert_learns("FSDP2, checkpointed", ckpt["losses"])
 
-# PeakMemory sees the same drop in the process's resident memory after the forward, within its
-# resolution: resident memory moves in 4 KiB pages, and allocations under 64 KiB (LayerNorm
-# statistics, autograd's graph nodes, Python objects) come from the heap, which may or may not
-# take new pages for them. The check allows ``RESOLUTION`` between the two drops; the table below
-# prints both.
+# PeakMemory sees the same drop in the process's resident memory after the forward,
+# within its resolution: resident memory moves in pages, and small allocations
+# (LayerNorm statistics, autograd's graph nodes, Python objects) come from the heap,
+# which may or may not take new pages for them. The check allows ``RESOLUTION``
+# between the two drops; the table below prints both.
 saved_drop = plain["saved"] - ckpt["saved"]
 rss_drop = plain["after_forward"] - ckpt["after_forward"]
 RESOLUTION = 1 * MiB
 if plain["device"] == "cpu":
     checks.expect(abs(rss_drop - saved_drop) <= RESOLUTION, "resident memory agrees",
                   f"FSDP2 x{N}, rank 0", f"resident memory after the forward drops by "
-                  f"{rss_drop / MiB:.2f} MiB, the hooks count {saved_drop / MiB:.2f} MiB "
+                  f"{rss_drop / MiB:.2f} MiB, the hooks count {saved_drop / MiB:.2f} "
+                  "MiB "
                   f"(resolution {RESOLUTION / MiB:.0f} MiB)")
-t_plain, t_ckpt = statistics.median(plain["seconds"]), statistics.median(ckpt["seconds"])
-print(table([(mode, r["saved"] / MiB, r["after_forward"] / MiB, r["peak"] / MiB,
-              r["forwards_per_step"], 1e3 * statistics.median(r["seconds"]))
-             for mode, r in (("plain", plain), ("checkpointed", ckpt))],
-            ["rank 0", "saved by blocks MiB (hooks)", "resident after forward MiB",
-             "step peak MiB", "block forwards/step", "step ms (median)"],
-            formats={"saved by blocks MiB (hooks)": ".2f", "resident after forward MiB": ".2f",
-                     "step peak MiB": ".2f", "step ms (median)": ".1f"},
+t_plain, t_ckpt = (statistics.median(r["seconds"]) for r in (plain, ckpt))
+AC = dict(model=repr(CFG), seq_len=SEQ, micro_batch=MICRO, world_size=N)
+
+
+def ac_claim(name: str, value: float, unit: str, check: str = "", **extra) -> float:
+    """Record one number of the checkpointing run, as printed."""
+    return ledger.claim(f"tinylm.ac.{name}", value, unit,
+                        guard=f"asserted: {check}" if check else "computed", **AC,
+                        **extra)
+
+
+COLS = ["rank 0", "saved by blocks MiB (hooks)", "resident after forward MiB",
+        "step peak MiB", "block forwards/step", "step ms (median)"]
+rows = [(mode, ac_claim(f"{mode}.saved_by_blocks", round(r["saved"] / MiB, 2), "MiB",
+                        "activation formula" if mode == "plain"
+                        else "checkpointing keeps inputs"),
+         r["after_forward"] / MiB, r["peak"] / MiB,
+         ac_claim(f"{mode}.block_forwards_per_step", r["forwards_per_step"], "forwards",
+                  "one extra forward"),
+         1e3 * statistics.median(r["seconds"]))
+        for mode, r in (("plain", plain), ("checkpointed", ckpt))]
+print(table(rows, COLS, formats={c: ".1f" if c.endswith("(median)") else ".2f"
+                                 for c in COLS[1:] if "forwards" not in c},
             title=f"{L} blocks, s={SEQ}, b={MICRO} per rank, h={CFG.d_model}, "
                   f"FSDP2 over {N} ranks"))
+less = ac_claim("saved_ratio", round(plain["saved"] / ckpt["saved"], 1), "x",
+                "checkpointing keeps inputs")
+drops = {what: ac_claim(f"{what}_drop_after_forward", round(v / MiB, 2), "MiB",
+                        "resident memory agrees" if plain["device"] == "cpu" else "")
+         for what, v in (("resident", rss_drop), ("hooks", saved_drop))}
+drop = ac_claim("checkpointed.loss_drop", round(drop, 3), "nats", "training happens",
+                steps=STEPS)
+cost = ac_claim("step_time_ratio", round(t_ckpt / t_plain, 2), "x",
+                device=plain["device"], steps_timed=len(plain["seconds"]))
 print(f"\nCheckpointing keeps {ckpt['saved']:,} B instead of {plain['saved']:,} B "
-      f"({plain['saved'] / ckpt['saved']:.1f}x less); resident memory after the forward drops by "
-      f"{rss_drop / MiB:.2f} MiB where the hooks count {saved_drop / MiB:.2f} MiB. Losses and "
-      f"parameters are bitwise equal; the loss fell by {drop:.3f} from step 0. The step costs "
-      f"{t_ckpt / t_plain:.2f}x the plain one on these CPU ranks (median of "
+      f"({less:.1f}x less); resident memory after the forward drops by "
+      f"{drops['resident']:.2f} MiB where the hooks count {drops['hooks']:.2f} MiB. "
+      f"Losses and parameters are bitwise equal; the loss fell by {drop:.3f} from step "
+      f"0. The step costs {cost:.2f}x the plain one on these CPU ranks (median of "
       f"{len(plain['seconds'])} steps).")
 
 # %%
@@ -350,151 +409,261 @@ per_layer = tinylm_layer_bytes(CFG, SEQ, MICRO)
 per_input = checkpointed_layer_bytes(CFG.d_model, SEQ, MICRO, 4)
 for mode, per in (("plain", per_layer), ("checkpointed", per_input)):
     for depth, got in zip(DEPTHS, depth_saved[mode]):
-        checks.expect(got == depth * per, "activations against depth", f"{mode}, {depth} blocks",
+        checks.expect(got == depth * per, "activations against depth",
+                      f"{mode}, {depth} blocks",
                       f"measured {got:,} B, formula {depth * per:,} B")
-print(f"per block: {per_layer / MiB:.3f} MiB without checkpointing, {per_input / MiB:.3f} MiB with "
-      f"it (the block input); measured = formula at every depth")
+per_block = {mode: ac_claim(f"{mode}.saved_per_block", round(per / MiB, 3), "MiB",
+                            "activations against depth", depths=DEPTHS)
+             for mode, per in (("plain", per_layer), ("checkpointed", per_input))}
+print(f"per block: {per_block['plain']:.3f} MiB without checkpointing, "
+      f"{per_block['checkpointed']:.3f} MiB with it (the block input); measured = "
+      "formula at every depth")
 
 fig, ax = plt.subplots(figsize=(7.2, 4.4))
-for mode, per, color in (("plain", per_layer, "#d62728"), ("checkpointed", per_input, "#2ca02c")):
+for mode, per, color in (("plain", per_layer, "#d62728"),
+                         ("checkpointed", per_input, "#2ca02c")):
     ax.plot(DEPTHS, [d * per / MiB for d in DEPTHS], color=color, lw=1.5,
-            label=f"formula, {mode}: {per / MiB:.2f} MiB/block")
+            label=f"formula, {mode}: {per_block[mode]:.3f} MiB/block")
     ax.plot(DEPTHS, [v / MiB for v in depth_saved[mode]], "o", color=color, ms=6,
             label=f"measured, {mode}")
-    ax.plot([L], [(plain if mode == "plain" else ckpt)["saved"] / MiB], "*", color=color, ms=14,
-            mec="black", label=f"FSDP2 rank, {mode}")
+    ax.plot([L], [(plain if mode == "plain" else ckpt)["saved"] / MiB], "*",
+            color=color, ms=14, mec="black", label=f"FSDP2 rank, {mode}")
 ax.set_xticks(DEPTHS)
 ax.set_xlabel("transformer blocks")
 ax.set_ylabel("activations saved for backward (MiB)")
-ax.set_title(f"Checkpointing every block: {per_layer / per_input:.0f}x less activation memory")
+checks.expect(round(per_layer / per_input, 1) == less, "checkpointing keeps inputs",
+              "per block",
+              f"{per_layer / per_input:.1f}x per block, {less}x for the rank")
+ax.set_title(f"Checkpointing every block: {less:.1f}x less activation memory")
 ax.legend(fontsize=9)
 plt.show()
 
 # %%
 # The estimators people use, side by side
 # ---------------------------------------
-# Three rules of thumb price model state, each from the parameter count alone:
+# Three rules of thumb price model state, each from the parameter count alone. Their
+# coefficients are cited constants (the "Every number" page lists them with their sources);
+# the table's header prints them.
 #
-# * **ZeRO paper** (arXiv 1910.02054 §3.1, §5): 16 bytes per parameter with mixed-precision Adam;
-#   stage 3 divides it by N.
+# * **ZeRO paper** (arXiv 1910.02054): mixed-precision Adam keeps ``2 + 2 + K`` bytes per
+#   parameter (fp16 weights and gradients, ``K`` bytes of fp32 optimizer state); stage 3
+#   divides it by N.
 # * **DeepSpeed's ZeRO-3 estimator** (``estimate_zero3_model_states_mem_needs``, no offload;
-#   https://deepspeed.readthedocs.io/en/latest/memory.html): ``18 * params / N + 4 *
-#   largest_layer_params``: 16 for fp32 params, grads, momentum, variance, +2 for the fp16
-#   params, and the largest module gathered in fp16 with its fp16 gradient.
-# * **Accelerate's** ``estimate-memory`` (https://huggingface.co/docs/accelerate/usage_guides/model_size_estimator):
-#   "Training using Adam" is 4 x the model's size in the load dtype (model, gradients, two moments),
-#   one device.
+#   https://deepspeed.readthedocs.io/en/latest/memory.html): ``A * params / N + C *
+#   largest_layer_params``: ``A`` covers fp32 params, grads, momentum and variance plus the
+#   fp16 params, ``C`` the largest module gathered in fp16 with its fp16 gradient.
+# * **Accelerate's** ``estimate-memory``
+#   (https://huggingface.co/docs/accelerate/usage_guides/model_size_estimator): "Training
+#   using Adam" is a fixed multiple of the model's size in the load dtype (model, gradients,
+#   two moments), on one device.
 #
-# The models are those of the published measurements below: Llama-3.1-8B as torchtitan trains it
-# (bf16 compute, fp32 AdamW, FSDP2) and Lightning's 1B ``nn.Transformer`` demo (fp32 Adam, 2 GPUs).
-# The 1B model is built on the meta device, so its count is torch's own.
+# The models are those of the published measurements below: Llama-3.1-8B as torchtitan trains
+# it (bf16 compute, fp32 AdamW, FSDP2) and Lightning's ``nn.Transformer`` demo (fp32 Adam), at
+# the world sizes of those measurements. The demo model is built on the meta device, so its
+# parameter count (printed) is torch's own.
+ZERO_K = constants.cite(ledger, "zero.figure1.k")
+DS_A, DS_C = (constants.cite(ledger, f"deepspeed.zero3_estimate.{k}")
+              for k in ("bytes_per_param", "largest_layer_bytes"))
+ACC = constants.cite(ledger, "accelerate.estimate_memory.adam_factor")
+TT = {k: constants.cite(ledger, f"torchtitan.llama3-8b.{k}") for k in (
+    "seq_len", "local_batch", "table1.world_size", "table1.memory", "table3.world_size",
+    "table3.memory")}
+LT = {k: constants.cite(ledger, f"lightning.fsdp_guide.{k}")
+      for k in ("world_size", "seq_len", "ddp.memory", "full_shard.memory")}
+zero = PRECISIONS["zero_mixed"]
+zero_bpp = state_bytes_for_count(1, "ddp", 1, "zero_mixed", "adamw",
+                                 ddp_buckets=False).model_state
+checks.expect(zero_bpp == zero.param + zero.grad + ZERO_K, "ZeRO Figure 1", "2 + 2 + K",
+              f"zero_mixed keeps {zero_bpp} B/param, ZeRO's K is {ZERO_K}")
+zero_bpp = ledger.claim("adamw.zero_mixed.bytes_per_param", zero_bpp,
+                        "bytes per parameter", guard="asserted: ZeRO Figure 1",
+                        counts="model state (no DDP buckets)")
 with torch.device("meta"):
-    lightning = nn.ModuleList([  # lightning.pytorch.demos.Transformer(nlayers=32, nhid=4096,
-        nn.Embedding(33278, 1024),  # ninp=1024, nhead=64), WikiText-2 vocabulary
-        nn.Transformer(d_model=1024, nhead=64, num_encoder_layers=32, num_decoder_layers=32,
-                       dim_feedforward=4096, batch_first=True),
+    lightning = nn.ModuleList([  # lightning.pytorch.demos.Transformer(nlayers=32,
+        nn.Embedding(33278, 1024),  # nhid=4096, ninp=1024, nhead=64), WikiText-2 vocab
+        nn.Transformer(d_model=1024, nhead=64, num_encoder_layers=32,
+                       num_decoder_layers=32, dim_feedforward=4096, batch_first=True),
         nn.Linear(1024, 33278)])
 l_shapes = [tuple(p.shape) for p in lightning.parameters()]
-l_params = sum(math.prod(s) for s in l_shapes)
+l_params = ledger.claim("lightning-demo.params", sum(math.prod(s) for s in l_shapes),
+                        "parameters")
 l_largest = max(sum(math.prod(p.shape) for p in m.parameters(recurse=False))
                 for m in lightning.modules())
 llama = PRESETS["llama-3-8b"]  # Llama-3.1-8B has the same shapes
 ll_params = llama.n_params
 ll_largest = llama.vocab * llama.hidden  # the embedding (and the untied output layer)
+N8, N128, N2 = TT["table1.world_size"], TT["table3.world_size"], LT["world_size"]
 
-MODELS = [  # (label, shapes, params, largest module, strategy, N, precision, load bytes/param)
-    ("Llama-3.1-8B, FSDP2 x8", llama.param_shapes(), ll_params, ll_largest, "fsdp2", 8,
-     "bf16_mixed", 2),
-    ("Llama-3.1-8B, FSDP2 x128", llama.param_shapes(), ll_params, ll_largest, "fsdp2", 128,
-     "bf16_mixed", 2),
-    ("Lightning 1B, DDP x2", l_shapes, l_params, l_largest, "ddp", 2, "fp32", 4),
-    ("Lightning 1B, FULL_SHARD x2", l_shapes, l_params, l_largest, "fsdp2", 2, "fp32", 4),
-]
-est_rows, states = [], []
-for label, shapes, n_params, largest, strategy, n, precision, load in MODELS:
-    state = per_rank_state_bytes(shapes, strategy, n, precision, "adamw", ddp_buckets=True)
-    states.append(state)
+MODELS = {  # key: (label, shapes, params, largest module, strategy, N, precision,
+    #               load bytes/param)
+    f"llama-3.1-8b.fsdp2.n{N8}": (f"Llama-3.1-8B, FSDP2 x{N8}", llama.param_shapes(),
+                                  ll_params, ll_largest, "fsdp2", N8, "bf16_mixed", 2),
+    f"llama-3.1-8b.fsdp2.n{N128}": (f"Llama-3.1-8B, FSDP2 x{N128}",
+                                    llama.param_shapes(), ll_params, ll_largest,
+                                    "fsdp2", N128, "bf16_mixed", 2),
+    f"lightning-demo.ddp.n{N2}": (f"Lightning demo, DDP x{N2}", l_shapes, l_params,
+                                  l_largest, "ddp", N2, "fp32", 4),
+    f"lightning-demo.fsdp2.n{N2}": (f"Lightning demo, FULL_SHARD x{N2}", l_shapes,
+                                    l_params, l_largest, "fsdp2", N2, "fp32", 4),
+}
+
+
+def gb(key: str, what: str, n_bytes: float, **extra) -> float:
+    """One estimate in GB, recorded as printed (2 decimals)."""
+    return ledger.claim(f"estimators.{key}.{what}", round(n_bytes / GB, 2), "GB",
+                        optimizer="adamw", **extra)
+
+
+COLS = ["model state per rank (GB)", "params (B)", "this calculator",
+        f"ZeRO {zero_bpp} Psi", f"DeepSpeed {DS_A} Psi/N + {DS_C} L",
+        f"Accelerate {ACC}x"]
+est_rows, states = [], {}
+for key, row in MODELS.items():
+    label, shapes, n_params, largest, strategy, n, precision, load = row
+    state = states[key] = per_rank_state_bytes(shapes, strategy, n, precision, "adamw",
+                                               ddp_buckets=True)
     sharded = strategy != "ddp"
-    est_rows.append((label, n_params / 1e9, state.total / GB,
-                     16 * n_params / (n if sharded else 1) / GB,
-                     (18 * n_params / n + 4 * largest) / GB if sharded else None,
-                     4 * load * n_params / GB))
-print(table(est_rows, ["model state per rank (GB)", "params (B)", "this calculator",
-                       "ZeRO 16 Psi", "DeepSpeed ZeRO-3", "Accelerate 4x"],
-            formats={c: ".2f" for c in ("params (B)", "this calculator", "ZeRO 16 Psi",
-                                        "DeepSpeed ZeRO-3", "Accelerate 4x")}))
-ds_extra = (2 * ll_params / 8 + 4 * ll_largest) / GB
-steps_bytes = len(llama.param_shapes()) * 4  # AdamW's 0-d fp32 step counter per tensor
-padding = states[0].params - 4 * ll_params // 8  # FSDP2 rows beyond an even split, fp32
+    est_rows.append((label, n_params / 1e9,
+                     gb(key, "calculator", state.total, precision=precision,
+                        ddp_buckets=True),
+                     gb(key, "zero", zero_bpp * n_params / (n if sharded else 1)),
+                     gb(key, "deepspeed", DS_A * n_params / n + DS_C * largest)
+                     if sharded else None,
+                     gb(key, "accelerate", ACC * load * n_params, load_bytes=load)))
+print(table(est_rows, COLS, formats={c: ".2f" for c in COLS[1:]}))
+k8 = f"llama-3.1-8b.fsdp2.n{N8}"
+# AdamW's 0-d step counters; FSDP2's rows beyond an even split (fp32)
+steps_bytes = len(llama.param_shapes()) * OPTIMIZERS["adamw"].step_bytes
+padding = states[k8].params - 4 * ll_params // N8
+DIFF = dict(world_size=N8, precision="bf16_mixed", optimizer="adamw")
+differ = {name: ledger.claim(f"estimators.{k8}.{name}", value, "bytes", **DIFF)
+          for name, value in (("calculator_minus_zero",
+                               states[k8].total - zero_bpp * ll_params // N8),
+                              ("step_counters", steps_bytes),
+                              ("padding_params_and_grads", 2 * padding))}
+ds_extra = gb(k8, "deepspeed_minus_zero",
+              (DS_A - zero_bpp) * ll_params / N8 + DS_C * ll_largest)
+embedding = ledger.claim("llama-3.1-8b.embedding_params", ll_largest, "parameters")
+ds_fp16 = DS_A - zero_bpp  # DeepSpeed's bytes per parameter beyond ZeRO's
+lightning_buckets = gb(f"lightning-demo.ddp.n{N2}", "buckets",
+                       states[f"lightning-demo.ddp.n{N2}"].buckets, precision="fp32")
 print(f"""
-Where they differ (Llama-3.1-8B at N=8 unless named):
-- ZeRO's 16 Psi/N and this calculator differ by {states[0].total - 16 * ll_params // 8:,} bytes: \
-the same 16 B/param, plus AdamW's per-tensor step counters ({steps_bytes:,} B) and FSDP2's dim-0 \
-padding of parameters and gradients ({2 * padding:,} B here).
-- DeepSpeed adds {ds_extra:.2f} GB: a persistent fp16 copy of the local shard (2 B/param / N; FSDP2 keeps \
-no bf16 copy between steps) and 4 x the largest module ({ll_largest / 1e6:.0f}M-parameter embedding) for \
-gathering it with its gradient, a transient buffer the calculator leaves out of model state.
-- Accelerate's 4 x load size is {est_rows[0][5]:.1f} GB: one device (no sharding), and everything \
-in the load dtype (bf16: 8 B/param, no fp32 master or fp32 moments).
-- Lightning 1B under DDP: the calculator adds DDP's gradient buckets ({4 * l_params / GB:.2f} GB, \
-gradient_as_bucket_view=False) that ZeRO's 16 Psi and Accelerate's fp32 4x leave out.""")
+Where they differ (Llama-3.1-8B at N={N8} unless named):
+- ZeRO's {zero_bpp} Psi/N and this calculator differ by \
+{differ['calculator_minus_zero']:,} bytes: the same {zero_bpp} B/param, plus AdamW's \
+per-tensor step counters ({differ['step_counters']:,} B) and FSDP2's dim-0 padding of \
+parameters and gradients ({differ['padding_params_and_grads']:,} B here).
+- DeepSpeed adds {ds_extra:.2f} GB: a persistent fp16 copy of the local shard \
+({ds_fp16} B/param / N; FSDP2 keeps no bf16 copy between steps) and {DS_C} x the \
+largest module ({embedding / 1e6:.0f}M-parameter embedding) for gathering it with its \
+gradient, a transient buffer the calculator leaves out of model state.
+- Accelerate's {ACC} x load size is {est_rows[0][5]:.2f} GB: one device (no sharding), \
+and everything in the load dtype (bf16: {ACC * 2} B/param, no fp32 master or fp32 \
+moments).
+- The Lightning demo under DDP: the calculator adds DDP's gradient buckets \
+({lightning_buckets:.2f} GB, gradient_as_bucket_view=False) that ZeRO's {zero_bpp} Psi \
+and Accelerate's fp32 {ACC}x leave out.""")
 
 # %%
 # Against published measurements
 # ------------------------------
 # Measured per-GPU memory that projects published with their settings, and this calculator's
 # estimate for the same settings: model state (:func:`~guide.memory.per_rank_state_bytes`) plus
-# activations (:func:`~guide.memory.activations.activation_bytes`: Korthikanti, fused attention),
-# without and with full checkpointing. The formulas are the ones validated above; they were not
-# changed to fit these rows.
+# activations (:func:`~guide.memory.activations.activation_bytes`: Korthikanti, fused
+# attention), without and with full checkpointing. The formulas are the ones validated above;
+# they were not changed to fit these rows. The measurements and their settings are cited
+# constants, printed first:
 #
 # * torchtitan, ``benchmarks/llama3_h100_202412_torchtitan.md``
 #   (https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md),
-#   Tables 1 and 3: Llama-3.1-8B, FSDP on 8 and 128 H100 (96 GB), local batch 2, selective (op)
-#   activation checkpointing, eager: 82.4 and 67.0 GiB. The sequence length, 8,192, is the
-#   ``llama3_8b.toml`` of that time; bf16 parameters with fp32 reduction are torchtitan's defaults
-#   (``training.mixed_precision_param`` / ``_reduce``); "Memory" is the caching allocator's peak
-#   *reserved* memory (``max_reserved_gib`` in torchtitan's metrics).
-# * Lightning Fabric's FSDP guide (https://lightning.ai/docs/fabric/2.1.0/advanced/model_parallel/fsdp.html),
-#   A100 40 GB, Lightning 2.1, PyTorch 2.1: the 1B demo transformer, one sequence of 35 tokens,
-#   fp32, Adam, 2 GPUs: DDP 26,953 and FULL_SHARD 11,578 "MB" (read here as the MiB that
-#   ``torch.cuda.memory_summary`` prints; read as 10^6 B, each would be 10^6/2^20 as large).
-PUBLISHED = [  # (label, measured bytes, model index in MODELS, seq_len, micro-batch)
-    ("torchtitan Llama-3.1-8B, 8 x H100", 82.4 * GiB, 0, 8192, 2),
-    ("torchtitan Llama-3.1-8B, 128 x H100", 67.0 * GiB, 1, 8192, 2),
-    ("Lightning 1B, DDP, 2 x A100", 26_953 * MiB, 2, None, 1),
-    ("Lightning 1B, FULL_SHARD, 2 x A100", 11_578 * MiB, 3, None, 1),
-]
-pub_rows = []
-for label, measured, i, seq, micro in PUBLISHED:
-    _, shapes, _, _, strategy, n, precision, _ = MODELS[i]
-    state = per_rank_state_bytes(shapes, strategy, n, precision, "adamw", ddp_buckets=True).total
-    row = [label, measured / GiB, state / GiB, state / measured - 1]
-    for ac in ("none", "full"):  # the encoder-decoder 1B model is not an Architecture: state only
-        total = state + activation_bytes(llama, seq, micro, checkpointing=ac) if seq else None
-        row += [total / GiB, total / measured - 1] if total else [None, None]
+#   Tables 1 and 3: Llama-3.1-8B, FSDP on H100s, selective (op) activation checkpointing, eager.
+#   The sequence length is the ``llama3_8b.toml`` of that time; bf16 parameters with fp32
+#   reduction are torchtitan's defaults (``training.mixed_precision_param`` / ``_reduce``);
+#   "Memory" is the caching allocator's peak *reserved* memory (``max_reserved_gib`` in
+#   torchtitan's metrics).
+# * Lightning Fabric's FSDP guide
+#   (https://lightning.ai/docs/fabric/2.1.0/advanced/model_parallel/fsdp.html), on A100s with
+#   PyTorch 2.1: the demo transformer, one short sequence per GPU, fp32, Adam. Its "MB" are read
+#   here as the MiB that ``torch.cuda.memory_summary`` prints (read as decimal megabytes, each
+#   figure would be smaller).
+PUBLISHED = {  # key: (label, measured bytes, model key in MODELS, seq_len, micro-batch)
+    k8: (f"torchtitan Llama-3.1-8B, {N8} x H100", TT["table1.memory"] * GiB, k8,
+         TT["seq_len"], TT["local_batch"]),
+    f"llama-3.1-8b.fsdp2.n{N128}": (f"torchtitan Llama-3.1-8B, {N128} x H100",
+                                    TT["table3.memory"] * GiB,
+                                    f"llama-3.1-8b.fsdp2.n{N128}", TT["seq_len"],
+                                    TT["local_batch"]),
+    f"lightning-demo.ddp.n{N2}": (f"Lightning demo, DDP, {N2} x A100",
+                                  LT["ddp.memory"] * MiB, f"lightning-demo.ddp.n{N2}",
+                                  None, 1),
+    f"lightning-demo.fsdp2.n{N2}": (f"Lightning demo, FULL_SHARD, {N2} x A100",
+                                    LT["full_shard.memory"] * MiB,
+                                    f"lightning-demo.fsdp2.n{N2}", None, 1),
+}
+print(table([(label, seq or LT["seq_len"], micro, measured / GiB)
+             for label, measured, _, seq, micro in PUBLISHED.values()],
+            ["published (cited)", "tokens per sequence", "sequences per GPU",
+             "measured GiB"], formats={"measured GiB": ".1f"}))
+
+
+def gib(key: str, what: str, n_bytes: float, **extra) -> float:
+    """One estimate in GiB, recorded as printed (1 decimal)."""
+    return ledger.claim(f"published.{key}.{what}", round(n_bytes / GiB, 1), "GiB",
+                        optimizer="adamw", ddp_buckets=True, **extra)
+
+
+pub_rows, pub_state = [], {}
+for key, (label, measured, model, seq, micro) in PUBLISHED.items():
+    _, shapes, _, _, strategy, n, precision, _ = MODELS[model]
+    state = pub_state[key] = per_rank_state_bytes(shapes, strategy, n, precision,
+                                                  "adamw", ddp_buckets=True).total
+    row = [label, measured / GiB, gib(key, "state", state, precision=precision),
+           state / measured - 1]
+    for ac in ("none", "full"):  # the encoder-decoder demo is not an Architecture
+        total = (state + activation_bytes(llama, seq, micro, checkpointing=ac)
+                 if seq else None)
+        row += ([gib(key, f"state_plus_activations.ac-{ac}", total, precision=precision,
+                     seq_len=seq, micro_batch=micro), total / measured - 1]
+                if total else [None, None])
     pub_rows.append(row)
 COLS = ["per GPU (GiB)", "measured", "state", "err state", "+ act, no AC", "err no AC",
         "+ act, full AC", "err full AC"]
 print(table(pub_rows, COLS, formats={c: ("+.0%" if c.startswith("err") else ".1f")
                                      for c in COLS[1:]}))
-logits = 2 * 8192 * llama.vocab * 4
-lightning_act = 64 * korthikanti_layer_bytes(35, 1, 1024, 64, fused_attention=False) * 2
-state_drop = pub_rows[0][2] - pub_rows[1][2]  # GiB
+batch, seq = TT["local_batch"], TT["seq_len"]
+logits = ledger.claim("llama-3.1-8b.fp32_logits",
+                      round(batch * seq * llama.vocab * 4 / GiB, 1), "GiB",
+                      micro_batch=batch, seq_len=seq)
+transformer = lightning[1]
+l_layers = len(transformer.encoder.layers) + len(transformer.decoder.layers)
+l_heads = transformer.encoder.layers[0].self_attn.num_heads
+l_act = l_layers * korthikanti_layer_bytes(
+    LT["seq_len"], 1, transformer.d_model, l_heads,
+    fused_attention=False) * 2  # Korthikanti's 16-bit bytes, doubled for fp32
+l_act = ledger.claim("lightning-demo.activations_estimate", round(l_act / MiB), "MiB",
+                     seq_len=LT["seq_len"], micro_batch=1, precision="fp32",
+                     estimate="Korthikanti Eq. 1, unfused")
+k128 = f"llama-3.1-8b.fsdp2.n{N128}"
+drops = (ledger.claim(f"published.llama-3.1-8b.n{N8}-to-n{N128}.state_drop",
+                      round((pub_state[k8] - pub_state[k128]) / GiB, 1), "GiB",
+                      precision="bf16_mixed", optimizer="adamw"),
+         round(TT["table1.memory"] - TT["table3.memory"], 1))
 print(f"""
 Why they differ (causes named, not fitted):
-- torchtitan: the run used selective (op) checkpointing, between the two estimates. The no-AC \
-estimate lands near the measurement by compensation: Korthikanti's 34 assumes a 4h GELU MLP and \
-full multi-head attention (Llama has a 3.5h SwiGLU MLP and 8 KV heads) and no AC, while the \
-measurement adds the fp32 logits of the loss ({logits / GiB:.1f} GiB for 2 x 8,192 tokens x \
-{llama.vocab:,} vocabulary), bf16 all-gather buffers, and the caching allocator's reserve over \
-what is allocated.
-- torchtitan 8 -> 128 GPUs changes only the sharded model state: the calculator predicts a drop of \
-{state_drop:.1f} GiB, the measurements drop {pub_rows[0][1] - pub_rows[1][1]:.1f} GiB.
-- Lightning: activations are negligible (35 tokens: about {lightning_act / MiB:.0f} MiB by \
-Korthikanti's formula in fp32 for its 64 layers), so the gap is what the state model leaves out: the optimizer step's \
-temporaries (foreach Adam builds at least one full fp32 tensor per parameter for sqrt(v)), FSDP1's \
-flat-parameter all-gather buffers (FULL_SHARD), DDP's first-step bucket rebuild, and the CUDA \
-caching allocator's rounding. The calculator's figure is the floor, not the peak.""")
+- torchtitan: the run used selective (op) checkpointing, between the two estimates. \
+The no-AC estimate lands near the measurement by compensation: Korthikanti's \
+{KORTHIKANTI_SBH} assumes a 4h GELU MLP and full multi-head attention (Llama has a \
+{llama.mlp / llama.hidden:.1f}h SwiGLU MLP and {llama.kv_heads} KV heads) and no AC, \
+while the measurement adds the fp32 logits of the loss ({logits:.1f} GiB for {batch} x \
+{seq:,} tokens x {llama.vocab:,} vocabulary), bf16 all-gather buffers, and the caching \
+allocator's reserve over what is allocated.
+- torchtitan {N8} -> {N128} GPUs changes only the sharded model state: the calculator \
+predicts a drop of {drops[0]:.1f} GiB, the measurements drop {drops[1]:.1f} GiB.
+- Lightning: activations are negligible ({LT['seq_len']} tokens: about {l_act} MiB by \
+Korthikanti's formula in fp32 for its {l_layers} layers), so the gap is what the state \
+model leaves out: the optimizer step's temporaries (foreach Adam builds at least one \
+full fp32 tensor per parameter for sqrt(v)), FSDP1's flat-parameter all-gather buffers \
+(FULL_SHARD), DDP's first-step bucket rebuild, and the CUDA caching allocator's \
+rounding. The calculator's figure is the floor, not the peak.""")
 
 # sphinx_gallery_thumbnail_number = 2

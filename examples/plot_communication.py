@@ -41,7 +41,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 import guide
-from guide import checks, comm
+from guide import checks, claims, comm
 from guide.comm import CollectiveLog
 from guide.data import synthetic_batches
 from guide.model import ModelConfig, build_model
@@ -52,17 +52,25 @@ from guide.training import make_optimizer, train_steps
 
 WORLD_SIZE = guide.world_size(2)
 if WORLD_SIZE < 2:
-    raise ValueError("this page compares collectives across ranks: run it on 2 or more ranks.")
+    raise ValueError("this page compares collectives across ranks: run it on 2 or more "
+                     "ranks.")
 WARMUP, STEPS = 1, 3  # one step to settle one-time traffic, then STEPS counted steps
 CFG = ModelConfig(vocab=127, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
-BATCHES = synthetic_batches(steps=WARMUP + STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)
+BATCHES = synthetic_batches(steps=WARMUP + STEPS, batch_size=8, seq_len=16,
+                            vocab=CFG.vocab, seed=0)
 
+ledger = claims.Ledger("plot_communication")  # every number this page states
 model = build_model(CFG)
 shapes = [p.shape for p in model.parameters()]
-PSI = sum(math.prod(s) for s in shapes)
-padded = sum(comm.fsdp2_padded_numel(s, WORLD_SIZE) for s in shapes)
-print(f"Ψ = {PSI:,} parameters; FSDP2's buffers at {WORLD_SIZE} ranks hold {padded:,} elements "
-      f"({padded - PSI:,} of padding, {(padded - PSI) / PSI:.3%})")
+PSI = ledger.claim("tinylm.padded.params", sum(math.prod(s) for s in shapes),
+                   "parameters", model=repr(CFG))
+SETUP = dict(model="tinylm-padded", world_size=WORLD_SIZE)
+padded = ledger.claim(  # every collective's elements are checked below
+    "tinylm.padded.fsdp2.buffer_elements",
+    sum(comm.fsdp2_padded_numel(s, WORLD_SIZE) for s in shapes), "elements",
+    guard="asserted: comm volume", **SETUP)
+print(f"Ψ = {PSI:,} parameters; FSDP2's buffers at {WORLD_SIZE} ranks hold {padded:,} "
+      f"elements ({padded - PSI:,} of padding, {(padded - PSI) / PSI:.3%})")
 
 # %%
 # How the counting works
@@ -90,12 +98,15 @@ print(f"Ψ = {PSI:,} parameters; FSDP2's buffers at {WORLD_SIZE} ranks hold {pad
 # which shards the AdamW state and broadcasts each parameter from the rank that updated it.
 
 
-def counted_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, rank: guide.Rank) -> tuple:
-    """This rank's collectives over ``STEPS`` steps after the warm-up, and the bytes it wrote."""
-    train_steps(model, opt, BATCHES[:WARMUP], rank.rank, rank.world_size, rank.device)
+def counted_steps(model: torch.nn.Module, opt: torch.optim.Optimizer,
+                  rank: guide.Rank) -> tuple:
+    """This rank's collectives over ``STEPS`` steps after the warm-up, and the bytes it
+    wrote (``None`` under nccl: see above)."""
+    where = (rank.rank, rank.world_size, rank.device)
+    train_steps(model, opt, BATCHES[:WARMUP], *where)
     with CollectiveLog(model) as log:
-        train_steps(model, opt, BATCHES[WARMUP:], rank.rank, rank.world_size, rank.device)
-    return log.records, log.wire_bytes if rank.backend == "gloo" else None  # nccl: see above
+        train_steps(model, opt, BATCHES[WARMUP:], *where)
+    return log.records, log.wire_bytes if rank.backend == "gloo" else None
 
 
 def ddp_worker(rank: guide.Rank, zero1: bool) -> tuple:
@@ -105,7 +116,7 @@ def ddp_worker(rank: guide.Rank, zero1: bool) -> tuple:
                                       weight_decay=0.01)
     else:
         opt = make_optimizer("adamw", model.parameters())
-    comm.count_ddp_allreduce(model)  # route the bucket all-reduce through Python, before any step
+    comm.count_ddp_allreduce(model)  # DDP's all-reduce through Python, before a step
     return counted_steps(model, opt, rank)
 
 
@@ -137,7 +148,7 @@ RUNS = {  # name -> (worker, its arguments)
 
 
 def all_runs(rank: guide.Rank) -> dict:
-    """Every run above, one after the other in the same ranks (one launch, not one per run)."""
+    """Every run above, one after the other in the same ranks (one launch)."""
     return {name: worker(rank, *args) for name, (worker, args) in RUNS.items()}
 
 
@@ -180,7 +191,7 @@ for name, ranks in results.items():
     gaps = checks.check_volume(run, records, MODELS[name], STEPS)
     gloo_model = sum(comm.gloo_bytes(c) for c in MODELS[name])
     wires = [w for _, w in ranks]
-    if None in wires:  # nccl under torchrun: GPU traffic writes no file descriptor, nothing to read
+    if None in wires:  # nccl under torchrun: GPU traffic writes no file descriptor
         wire = [math.nan]
     else:
         wire = checks.check_wire(run, wires, gloo_model, STEPS)
@@ -195,33 +206,38 @@ for name, ranks in results.items():
         "phases": Counter((c.kind, c.phase) for c in records),
     }
 
-KINDS = {"AG": "all_gather", "RS": "reduce_scatter", "AR": "all_reduce", "BC": "broadcast"}
-print(f"Per rank per step, {WORLD_SIZE} ranks, Ψ = {PSI:,}. AG/RS/AR/BC: calls per step. "
-      "'ZeRO elements' counts an all-reduce twice (reduce-scatter + all-gather); 'bytes asked' is "
-      "the same count in bytes (dtype-aware); 'gloo wire' is measured (wchar, mean over ranks); the "
-      "models are the ring cost per rank.\n")
-print(table([[name, *(row["calls"][k] / STEPS for k in KINDS.values()), row["zero_elems"] / PSI,
-              row["gap"], row["asked_bytes"], row["gloo_wire"], row["gloo_model"], row["nccl_model"]]
+KINDS = {"AG": "all_gather", "RS": "reduce_scatter", "AR": "all_reduce",
+         "BC": "broadcast"}
+print(f"Per rank per step, {WORLD_SIZE} ranks, Ψ = {PSI:,}. AG/RS/AR/BC: calls per "
+      "step. 'ZeRO elements' counts an all-reduce twice (reduce-scatter + all-gather); "
+      "'bytes asked' is the same count in bytes (dtype-aware); 'gloo wire' is measured "
+      "(wchar, mean over ranks); the models are the ring cost per rank.\n")
+BYTES = ["bytes asked", "gloo wire", "gloo model", "nccl model"]
+print(table([[name, *(row["calls"][k] / STEPS for k in KINDS.values()),
+              row["zero_elems"] / PSI, row["gap"], row["asked_bytes"],
+              row["gloo_wire"], row["gloo_model"], row["nccl_model"]]
              for name, row in stats.items()],
-            ["run", *KINDS, "ZeRO elements (Ψ)", "model gap", "bytes asked", "gloo wire",
-             "gloo model", "nccl model"],
-            formats={k: "g" for k in KINDS} | {"ZeRO elements (Ψ)": ".3f", "model gap": ".2%",
-                                                 "bytes asked": ",.0f", "gloo wire": ",.0f",
-                                                 "gloo model": ",.0f", "nccl model": ",.0f"}))
-print("\nAll checks passed: every run issued the collectives the model predicts, and every rank "
-      "wrote the bytes gloo should send.")
+            ["run", *KINDS, "ZeRO elements (Ψ)", "model gap", *BYTES],
+            formats={k: "g" for k in KINDS} | dict.fromkeys(BYTES, ",.0f")
+            | {"ZeRO elements (Ψ)": ".3f", "model gap": ".2%"}))
+print("\nAll checks passed: every run issued the collectives the model predicts, and "
+      "every rank wrote the bytes gloo should send.")
 
 # %%
 # Where in the step each collective runs, as the log labelled it (calls per step): FSDP2 gathers
 # in forward and, when it reshards, again in backward; ZeRO-1's broadcasts run inside the
 # optimizer's step.
-PHASES = {"AG forward": ("all_gather", "forward"), "AG backward": ("all_gather", "backward"),
-          "RS backward": ("reduce_scatter", "backward"), "AR backward": ("all_reduce", "backward"),
+PHASES = {"AG forward": ("all_gather", "forward"),
+          "AG backward": ("all_gather", "backward"),
+          "RS backward": ("reduce_scatter", "backward"),
+          "AR backward": ("all_reduce", "backward"),
           "BC optimizer": ("broadcast", "optimizer")}
 print(table([[name, *(row["phases"][key] / STEPS for key in PHASES.values())]
-             for name, row in stats.items()], ["run", *PHASES], formats=dict.fromkeys(PHASES, "g")))
-checks.expect(all(sum(row["phases"][key] for key in PHASES.values()) == sum(row["calls"].values())
-                  for row in stats.values()), "comm phases", f"x{WORLD_SIZE}",
+             for name, row in stats.items()],
+            ["run", *PHASES], formats=dict.fromkeys(PHASES, "g")))
+checks.expect(all(sum(row["phases"][key] for key in PHASES.values())
+                  == sum(row["calls"].values()) for row in stats.values()),
+              "comm phases", f"x{WORLD_SIZE}",
               "a collective ran in a phase the table above does not show.")
 
 # %%
@@ -233,34 +249,45 @@ checks.expect(all(sum(row["phases"][key] for key in PHASES.values()) == sum(row[
 ddp = stats["DDP"]
 RATIOS = {"elements": "zero_elems", "bytes": "asked_bytes", "gloo wire": "gloo_wire",
           "nccl wire": "nccl_model"}
-print(table([[name, *(row[key] / ddp[key] for key in RATIOS.values())] for name, row in stats.items()],
+print(table([[name, *(row[key] / ddp[key] for key in RATIOS.values())]
+             for name, row in stats.items()],
             ["run", *RATIOS], formats=dict.fromkeys(RATIOS, ".3f")))
-fp32, bf16 = stats["FSDP2 reshard, fp32"], stats["FSDP2 reshard, bf16"]
-CLAIMS = [  # (the claim this page makes, the measured ratio, the ratio the claim says)
-    ("FSDP2 resharding asks for 1.5x DDP's elements (3Ψ vs 2Ψ)",
-     fp32["zero_elems"] / ddp["zero_elems"], 1.5),
-    ("FSDP2 bf16 all-gathers + fp32 reduce-scatter move DDP's fp32 bytes",
-     bf16["asked_bytes"] / ddp["asked_bytes"], 1.0),
-    ("FSDP2 without resharding asks for DDP's elements (2Ψ)",
-     stats["FSDP2 keep, fp32"]["zero_elems"] / ddp["zero_elems"], 1.0),
-    ("on gloo FSDP2 resharding sends 2x DDP's bytes, not 1.5x",
-     fp32["gloo_wire"] / ddp["gloo_wire"], 2.0),
+RESHARD, KEEP = (dict(SETUP, reshard_after_forward=flag) for flag in (True, False))
+FP32, BF16 = "FSDP2 reshard, fp32", "FSDP2 reshard, bf16"
+CLAIMS = [  # (claim, run, measure, the ratio the page says (None: shown), assumptions)
+    ("fsdp2_over_ddp.elements_per_step", FP32, "zero_elems", 1.5, RESHARD),
+    ("fsdp2_over_ddp.bytes_per_step.fp32", FP32, "asked_bytes", 1.5, RESHARD),
+    ("fsdp2_over_ddp.bytes_per_step.bf16_mixed", BF16, "asked_bytes", 1.0, RESHARD),
+    ("fsdp2_over_ddp.gloo_wire_per_step.fp32", FP32, "gloo_wire", 2.0, RESHARD),
+    ("fsdp2_over_ddp.ring_bytes_per_step.fp32", FP32, "nccl_model", None, RESHARD),
+    ("fsdp2_no_reshard_over_ddp.elements_per_step", "FSDP2 keep, fp32", "zero_elems",
+     1.0, KEEP),
+    ("zero1_over_ddp.elements_per_step", "ZeRO-1", "zero_elems", 1.5, SETUP),
 ]
-for claim, measured, said in CLAIMS:  # nan: no wire bytes under nccl (see above)
-    checks.expect(math.isnan(measured) or abs(measured / said - 1) <= checks.ELEMENT_TOL,
-                  "comm ratio", claim, f"measured {measured:.3f}x at {WORLD_SIZE} ranks, more "
-                  f"than {checks.ELEMENT_TOL:.0%} from {said}x.")
-print(f"\nFSDP2 with resharding asks for {fp32['zero_elems'] / ddp['zero_elems']:.3f}× DDP's "
-      f"elements: ZeRO's 3Ψ/2Ψ, plus {padded / PSI - 1:.3%} of padding. In fp32 that is also "
-      f"{fp32['asked_bytes'] / ddp['asked_bytes']:.3f}× the bytes; with bf16 all-gathers and an fp32 "
-      f"reduce-scatter it is {bf16['asked_bytes'] / ddp['asked_bytes']:.3f}× the bytes. "
-      f"On gloo, which runs the reduce-scatter as a full all-reduce, the fp32 run sent "
-      f"{fp32['gloo_wire'] / ddp['gloo_wire']:.3f}× DDP's bytes; with nccl's native reduce-scatter "
-      f"the ring model gives {fp32['nccl_model'] / ddp['nccl_model']:.3f}×. Without resharding "
-      f"FSDP2 asks for {stats['FSDP2 keep, fp32']['zero_elems'] / ddp['zero_elems']:.3f}× (ZeRO-2's "
-      f"2Ψ). torch's ZeRO-1 asks for {stats['ZeRO-1']['zero_elems'] / ddp['zero_elems']:.3f}×, more "
-      f"than the paper's P_os, which costs what DDP costs: it keeps DDP's full all-reduce and adds a "
-      f"broadcast of every parameter, where P_os would reduce-scatter and all-gather.")
+said = {}
+for claim, run, key, want, assumptions in CLAIMS:
+    got = stats[run][key] / ddp[key]
+    if math.isnan(got):  # no wire bytes under nccl (see above): nothing to state
+        said[claim] = got
+        continue
+    if want is not None:
+        checks.expect(abs(got / want - 1) <= checks.ELEMENT_TOL, "comm ratio", claim,
+                      f"measured {got:.3f}x at {WORLD_SIZE} ranks, more than "
+                      f"{checks.ELEMENT_TOL:.0%} from {want}x.")
+    guard = "computed" if want is None else "asserted: comm ratio"
+    said[claim] = ledger.claim(f"tinylm.padded.{claim}", round(got, 3), "× DDP's",
+                               guard=guard, **assumptions)
+elems, bytes32, bytes16, gloo, ring, keep, zero1 = (said[c] for c, *_ in CLAIMS)
+print(f"\nFSDP2 with resharding asks for {elems:.3f}× DDP's elements: ZeRO's "
+      f"3Ψ/2Ψ, plus {padded / PSI - 1:.3%} of padding. In fp32 that is also "
+      f"{bytes32:.3f}× the bytes; with bf16 all-gathers and an fp32 reduce-scatter it "
+      f"is {bytes16:.3f}× the bytes. On gloo, which runs the reduce-scatter as a full "
+      f"all-reduce, the fp32 run sent {gloo:.3f}× DDP's bytes; with nccl's native "
+      f"reduce-scatter the ring model gives {ring:.3f}×. Without resharding FSDP2 asks "
+      f"for {keep:.3f}× (ZeRO-2's 2Ψ). torch's ZeRO-1 asks for {zero1:.3f}×, more than "
+      "the paper's P_os, which costs what DDP costs: it keeps DDP's full all-reduce "
+      "and adds a broadcast of every parameter, where P_os would reduce-scatter and "
+      "all-gather.")
 
 # %%
 # The same, drawn
@@ -270,32 +297,35 @@ print(f"\nFSDP2 with resharding asks for {fp32['zero_elems'] / ddp['zero_elems']
 # reduce-scatter-as-all-reduce; DDP's and ZeRO-1's sit on their bars.
 
 #: One colour per collective kind (strategies have theirs in guide.sharding.Strategy).
-KIND_COLORS = {"all_gather": "#9467bd", "reduce_scatter": "#ff7f0e", "all_reduce": "#1f77b4",
-               "broadcast": "#2ca02c"}
+KIND_COLORS = {"all_gather": "#9467bd", "reduce_scatter": "#ff7f0e",
+               "all_reduce": "#1f77b4", "broadcast": "#2ca02c"}
 
 
 def bytes_chart(runs: dict, measured_wire: dict, world_size: int, unit: float = 2**10,
                 unit_name: str = "KiB") -> plt.Figure:
-    """Bars: ring-model bytes per rank per step, stacked by kind (``runs``: one step of collectives
-    each). Diamonds: what gloo wrote per rank per step (``measured_wire``)."""
+    """Bars: ring-model bytes per rank per step, stacked by kind (``runs``: one step of
+    collectives each). Diamonds: what gloo wrote per rank per step
+    (``measured_wire``)."""
     style()
     fig, ax = plt.subplots(figsize=(8.6, 4.4))
     names = list(runs)
-    labelled: set[str] = set()  # one legend entry per kind: on the first bar that has it
+    labelled: set[str] = set()  # one legend entry per kind, on its first bar
     for i, name in enumerate(names):
         bottom = 0.0
         for kind, color in KIND_COLORS.items():
-            b = sum(comm.ring_bytes(c, world_size) for c in runs[name] if c.kind == kind) / unit
+            b = sum(comm.ring_bytes(c, world_size) for c in runs[name]
+                    if c.kind == kind) / unit
             if b:
                 ax.bar(i, b, bottom=bottom, color=color, width=0.6,
                        label=None if kind in labelled else kind.replace("_", "-"))
                 labelled.add(kind)
                 bottom += b
-    ax.scatter(range(len(names)), [measured_wire[n] / unit for n in names], marker="D", s=60,
-               color="black", zorder=3, label="gloo, measured (wchar)")
+    ax.scatter(range(len(names)), [measured_wire[n] / unit for n in names], marker="D",
+               s=60, color="black", zorder=3, label="gloo, measured (wchar)")
     ax.set_xticks(range(len(names)), [n.replace(", ", "\n") for n in names], fontsize=9)
     ax.set_ylabel(f"sent per rank per step ({unit_name})")
-    ax.set_title(f"Bytes on the wire per step, {world_size} ranks: ring model (bars) vs gloo (◆)")
+    ax.set_title(f"Bytes on the wire per step, {world_size} ranks: ring model (bars) "
+                 "vs gloo (◆)")
     ax.legend(loc="upper left", fontsize=9)
     return fig
 

@@ -32,24 +32,29 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, dtensor, plotting, report
+from guide import checks, claims, dtensor, plotting, report
 from guide.data import synthetic_batches
 from guide.dtensor import full_state
 from guide.model import ModelConfig, build_model
 from guide.sharding import Strategy
-from guide.training import OPTIMIZERS, make_optimizer, mean_over_ranks, reference_run, train_steps
+from guide.training import (OPTIMIZERS, make_optimizer, mean_over_ranks, reference_run,
+                            train_steps)
 
-WORLD_SIZE = guide.world_size(2)  # 2 here; torchrun's WORLD_SIZE when run under torchrun
+WORLD_SIZE = guide.world_size(2)  # 2 here; torchrun's WORLD_SIZE under torchrun
 STEPS = 20
 CFG = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
-BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16, vocab=CFG.vocab,
-                            seed=0)  # 4 sequences per rank, at any world size
+BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
+                            vocab=CFG.vocab, seed=0)  # 4 sequences per rank, any N
+ledger = claims.Ledger("plot_ddp_vs_fsdp2")  # every number this page states
 
 model = build_model(CFG)
 n_params = sum(p.numel() for p in model.parameters())
+n_params = ledger.claim("tinylm.main.params", n_params, "parameters", model=repr(CFG))
+fp32_mib = ledger.claim("tinylm.main.params_fp32", round(n_params * 4 / 2**20, 2),
+                        "MiB", model=repr(CFG))
 print(model)
-print(f"\n{n_params:,} parameters ({n_params * 4 / 2**20:.2f} MiB in fp32); "
-      f"{STEPS} global batches of {BATCHES.shape[1]} sequences x {BATCHES.shape[2] - 1} tokens")
+print(f"\n{n_params:,} parameters ({fp32_mib:.2f} MiB in fp32); {STEPS} global batches "
+      f"of {BATCHES.shape[1]} sequences x {BATCHES.shape[2] - 1} tokens")
 
 # %%
 # The training step is the same for all three runs
@@ -61,10 +66,17 @@ print(f"\n{n_params:,} parameters ({n_params * 4 / 2**20:.2f} MiB in fp32); "
 # (:func:`guide.checks.assert_learns`, inside ``reference_run``): runs that match a reference that
 # does not learn would prove nothing.
 REFERENCE = {opt: reference_run(CFG, opt, BATCHES) for opt in ("sgd", "adamw")}
-print(report.table([[OPTIMIZERS[opt].label, losses[0], losses[-1]]
-                    for opt, (losses, _) in REFERENCE.items()],
-                   ["reference", "loss at step 0", f"loss at step {STEPS - 1}"],
-                   formats={"loss at step 0": ".4f", f"loss at step {STEPS - 1}": ".4f"}))
+ref_rows = []
+for opt, (losses, _) in REFERENCE.items():
+    checks.assert_learns(f"reference, {opt}", losses)  # as reference_run does
+    first, last = (ledger.claim(f"main-example.reference.{opt}.loss.{when}",
+                                round(loss, 4), "nats",
+                                guard="asserted: training happens", model=repr(CFG),
+                                steps=STEPS, world_size=WORLD_SIZE)
+                   for when, loss in (("first", losses[0]), ("last", losses[-1])))
+    ref_rows.append([OPTIMIZERS[opt].label, first, last])
+REF_COLS = ["reference", "loss at step 0", f"loss at step {STEPS - 1}"]
+print(report.table(ref_rows, REF_COLS, formats={c: ".4f" for c in REF_COLS[1:]}))
 
 # %%
 # The DDP worker
@@ -99,14 +111,14 @@ def fsdp2_worker(rank: guide.Rank, optimizer: str) -> dict:
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    initial = full_state(model)  # all-gathers the shards: the model the ranks jointly hold
-    opt = make_optimizer(optimizer, model.parameters())  # built on the sharded parameters
+    initial = full_state(model)  # all-gathers the shards: the model the ranks hold
+    opt = make_optimizer(optimizer, model.parameters())  # on the sharded parameters
     losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
     return {"initial": initial, "losses": losses, "params": full_state(model),
             "layouts": dtensor.param_layouts(model, rank.rank)}
 
 
-DDP_, FSDP2_ = Strategy.DDP, Strategy.FSDP2  # the site's names (label, colour) for the two runs
+DDP_, FSDP2_ = Strategy.DDP, Strategy.FSDP2  # the site's names (label, colour) for them
 runs = {}
 for opt in ("sgd", "adamw"):
     runs[DDP_, opt] = guide.launch(ddp_worker, WORLD_SIZE, opt)
@@ -118,14 +130,27 @@ for opt in ("sgd", "adamw"):
 # First the storage: FSDP2 parameters must be ``DTensor`` with ``(Shard(dim=0),)`` holding this
 # rank's rows of dim 0; DDP parameters must be full size. Then the start: the model the ranks hold
 # before the first step must be the reference's, bit for bit, and after the last step every rank
-# must hold the same parameters (replicas that drift apart were never synchronised). Then every step's global loss (the
-# mean of the ranks' losses, whose batch slices are equal) must match the reference within
+# must hold the same parameters (replicas that drift apart were never synchronised). Then every
+# step's global loss (the mean of the ranks' losses, whose batch slices are equal) must match the
+# reference within
 # :data:`guide.checks.LOSS_TOL`, and the trained parameters within :data:`guide.checks.PARAM_TOL`.
 # The tolerances come from measurement: the only gap between one process and N is the order of
-# floating-point additions. SGD catches a gradient that is summed instead of averaged (a 2x step);
-# AdamW, whose update ignores the gradient's scale, would hide it, so both run.
+# floating-point additions. SGD catches a gradient that is summed instead of averaged (every step
+# N times too large); AdamW, whose update ignores the gradient's scale, would hide it, so both run.
 full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
 initial = full_state(model)
+loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
+param_tol = {opt: ledger.claim(f"tolerance.param.{opt}", checks.PARAM_TOL[opt],
+                               "absolute") for opt in ("sgd", "adamw")}
+
+
+def gap(name: str, value: float, unit: str, check: str) -> float:
+    """Record a measured gap to the reference as this page prints it (2 digits)."""
+    return ledger.claim(f"main-example.{name}", float(f"{value:.1e}"), unit,
+                        guard=f"asserted: {check}", model=repr(CFG), steps=STEPS,
+                        world_size=WORLD_SIZE)
+
+
 rows = []
 for (strategy, opt), results in runs.items():
     run = f"{strategy.label} x{WORLD_SIZE}, {opt}"
@@ -138,14 +163,18 @@ for (strategy, opt), results in runs.items():
     checks.assert_ranks_agree(run, [r["params"] for r in results])
     ref_losses, ref_params = REFERENCE[opt]
     losses = mean_over_ranks([r["losses"] for r in results])
-    rows.append([run, checks.assert_losses_match(run, ref_losses, losses), checks.LOSS_TOL,
-                 checks.assert_params_match(run, ref_params, results[0]["params"],
-                                            checks.PARAM_TOL[opt]), checks.PARAM_TOL[opt]])
+    d_loss = checks.assert_losses_match(run, ref_losses, losses, loss_tol)
+    d_param = checks.assert_params_match(run, ref_params, results[0]["params"],
+                                         param_tol[opt])
+    key = f"{strategy.value}.{opt}"
+    d_loss = gap(f"{key}.max_loss_gap", d_loss, "nats", "loss equivalence")
+    d_param = gap(f"{key}.max_param_gap", d_param, "absolute", "parameter equivalence")
+    rows.append([run, d_loss, loss_tol, d_param, param_tol[opt]])
 
-print(report.table(rows, ["run", "max |Δloss|", "loss tol", "max |Δparam|", "param tol"],
-                   formats={c: ".1e" for c in ("max |Δloss|", "loss tol", "max |Δparam|",
-                                               "param tol")}))
-print("\nAll checks passed: DDP and FSDP2 reproduce the single-process run step for step.")
+COLS = ["run", "max |Δloss|", "loss tol", "max |Δparam|", "param tol"]
+print(report.table(rows, COLS, formats={c: ".1e" for c in COLS[1:]}))
+print("\nAll checks passed: DDP and FSDP2 reproduce the single-process run "
+      "step for step.")
 
 # %%
 # Three curves, one line
@@ -156,17 +185,19 @@ print("\nAll checks passed: DDP and FSDP2 reproduce the single-process run step 
 
 
 def loss_comparison(reference: dict, runs: dict, tol: float) -> plt.Figure:
-    """Top: loss per step, one column per optimizer. Bottom: |loss - reference| on a log axis."""
+    """Top: loss per step, one column per optimizer. Bottom: |loss - reference|, log."""
     plotting.style()
-    fig, axes = plt.subplots(2, len(reference), figsize=(10.4, 6.4), sharex=True, squeeze=False,
-                             height_ratios=[3, 2])
+    fig, axes = plt.subplots(2, len(reference), figsize=(10.4, 6.4), sharex=True,
+                             squeeze=False, height_ratios=[3, 2])
     for (top, bottom), (opt, ref) in zip(axes.T, reference.items()):
-        top.plot(ref, color=plotting.REFERENCE_COLOR, lw=4, alpha=0.35, label="1 process, full batch")
+        top.plot(ref, color=plotting.REFERENCE_COLOR, lw=4, alpha=0.35,
+                 label="1 process, full batch")
         for k, (strategy, losses) in enumerate(runs[opt].items()):
             top.plot(losses, color=strategy.color, lw=1.6, ls=("-", "--")[k],
                      label=f"{strategy.label}, {WORLD_SIZE} ranks")
             plotting.gap_axis(bottom, [abs(a - b) for a, b in zip(losses, ref)],
-                              color=strategy.color, marker="os"[k], label=strategy.label)
+                              color=strategy.color, marker="os"[k],
+                              label=strategy.label)
         plotting.tolerance_line(bottom, tol)
         top.set(title=OPTIMIZERS[opt].label, ylabel="training loss (nats/token)")
         top.legend(loc="upper right")
@@ -177,9 +208,9 @@ def loss_comparison(reference: dict, runs: dict, tol: float) -> plt.Figure:
 
 fig = loss_comparison(
     {opt: REFERENCE[opt][0] for opt in ("sgd", "adamw")},
-    {opt: {s: mean_over_ranks([r["losses"] for r in runs[s, opt]]) for s in (DDP_, FSDP2_)}
-     for opt in ("sgd", "adamw")},
-    tol=checks.LOSS_TOL,
+    {opt: {s: mean_over_ranks([r["losses"] for r in runs[s, opt]])
+           for s in (DDP_, FSDP2_)} for opt in ("sgd", "adamw")},
+    tol=loss_tol,
 )
 plt.show()
 
@@ -191,18 +222,23 @@ plt.show()
 # semantics: ceil-sized chunks in rank order, so the last ranks get what is left, possibly
 # nothing). One rank's shards add up to 1/N of the
 # model, which is where FSDP2's memory saving comes from.
-shown = ["tok_emb.weight", "blocks.0.qkv.weight", "blocks.0.fc2.weight", "blocks.0.ln1.bias",
-         "head.weight"]
+shown = ["tok_emb.weight", "blocks.0.qkv.weight", "blocks.0.fc2.weight",
+         "blocks.0.ln1.bias", "head.weight"]
 layout = {(s, lay.name, lay.rank): lay for s in (DDP_, FSDP2_)
           for r in runs[s, "adamw"] for lay in r["layouts"]}
 ranks = range(WORLD_SIZE)
+runs_ranks = [(s, r) for s in (DDP_, FSDP2_) for r in ranks]
 print(report.table(
-    [[name, full_shapes[name], *(layout[s, name, r].local_shape for s in (DDP_, FSDP2_) for r in ranks)]
+    [[name, full_shapes[name], *(layout[s, name, r].local_shape for s, r in runs_ranks)]
      for name in shown],
-    ["parameter", "global", *(f"{s.label} r{r}" for s in (DDP_, FSDP2_) for r in ranks)]))
+    ["parameter", "global", *(f"{s.label} r{r}" for s, r in runs_ranks)]))
 held = {r: sum(torch.Size(lay.local_shape).numel() for (s, _, rr), lay in layout.items()
-               if s is FSDP2_ and rr == r) for r in ranks}
-print(report.table([[f"rank {r}", n_params, n, n / n_params] for r, n in held.items()],
+               if s is FSDP2_ and rr == r) for r in ranks}  # shapes: assert_sharded
+share = {r: ledger.claim(f"main-example.fsdp2.rank{r}.params_share",
+                         round(n / n_params, 3), "fraction", guard="asserted: sharding",
+                         model=repr(CFG), world_size=WORLD_SIZE)
+         for r, n in held.items()}
+print(report.table([[f"rank {r}", n_params, n, share[r]] for r, n in held.items()],
                    ["FSDP2", "parameters (DDP: every rank)", "held", "share"],
                    formats={"share": ".1%"}))
 print(f"placements: {layout[FSDP2_, 'blocks.0.qkv.weight', 0].placements}")

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, comm, sharding
+from guide import checks, claims, comm, sharding
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.dtensor import full_state, local_tensor
@@ -41,15 +41,18 @@ from guide.model import ModelConfig, build_model
 from guide.plotting import style
 from guide.report import table
 from guide.sharding import Strategy
-from guide.training import make_optimizer, mean_over_ranks, next_token_loss, reference_run
+from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
+                            reference_run)
 
 WORLD_SIZE = guide.world_size(2)
 K, B, STEPS = 4, 8, 3
+ledger = claims.Ledger("plot_gradient_accumulation")  # every number this page states
 CFG = ModelConfig(d_model=256, n_heads=4, d_mlp=1024, n_layers=4)
-BIG = synthetic_batches(steps=STEPS, batch_size=K * B, seq_len=16, vocab=CFG.vocab, seed=0)
+BIG = synthetic_batches(steps=STEPS, batch_size=K * B, seq_len=16, vocab=CFG.vocab,
+                        seed=0)
 MICRO = micro_batches(BIG, K)  # (steps, K, B, T+1)
-print(f"{STEPS} optimizer steps; each: 1 batch of {K * B} sequences (reference) = {K} micro-batches "
-      f"of {B} ({B // WORLD_SIZE} per rank on {WORLD_SIZE} ranks)")
+print(f"{STEPS} optimizer steps; each: 1 batch of {K * B} sequences (reference) = {K} "
+      f"micro-batches of {B} ({B // WORLD_SIZE} per rank on {WORLD_SIZE} ranks)")
 
 # %%
 # One micro-batch, and one optimizer step
@@ -73,7 +76,8 @@ def micro_step(model, tokens, sync: bool) -> float:
     return loss.item()
 
 
-def accumulation_step(model, opt, step_batch, rank, skip_sync: bool, probe=None) -> float:
+def accumulation_step(model, opt, step_batch, rank, skip_sync: bool,
+                      probe=None) -> float:
     opt.zero_grad(set_to_none=True)
     loss = 0.0
     for m, micro in enumerate(step_batch):
@@ -86,8 +90,8 @@ def accumulation_step(model, opt, step_batch, rank, skip_sync: bool, probe=None)
 
 @contextlib.contextmanager
 def gradients_held(model, out: dict):
-    """What the wrapped micro-batch leaves behind: resident memory (:class:`guide.memory.PeakMemory`)
-    and the bytes visible in ``.grad``."""
+    """What the wrapped micro-batch leaves behind: resident memory
+    (:class:`guide.memory.PeakMemory`) and the bytes visible in ``.grad``."""
     with PeakMemory() as peak:
         yield
     out["held_bytes"] = peak.end_bytes
@@ -133,7 +137,8 @@ REF_LOSSES, REF_PARAMS = reference_run(CFG, "sgd", BIG)
 
 
 def label(strategy: Strategy, skip: bool) -> str:
-    return f"{strategy.label}, {'sync on last only' if skip else 'sync every micro-batch'}"
+    return (f"{strategy.label}, "
+            f"{'sync on last only' if skip else 'sync every micro-batch'}")
 
 
 # %%
@@ -142,12 +147,31 @@ def label(strategy: Strategy, skip: bool) -> str:
 # After every run, the trained parameters must equal the single-process run on the big batches
 # within :data:`guide.checks.PARAM_TOL` (SGD), and each optimizer step's loss (summed over
 # micro-batches, averaged over ranks) must equal the reference's.
+SETUP = dict(model="tinylm-wide", optimizer="sgd", world_size=WORLD_SIZE, k=K,
+             steps=STEPS)
+
+
+def claim_name(strategy: Strategy, skip: bool, quantity: str) -> str:
+    """``accumulation.<strategy>.<sync>.<quantity>``: one claim per run."""
+    sync = "sync_last_only" if skip else "sync_every"
+    return f"accumulation.{strategy.value}.{sync}.{quantity}"
+
+
 rows = []
 for (strategy, skip), res in results.items():
-    run_name = f"{strategy.label} x{WORLD_SIZE}, K={K}, {'no sync' if skip else 'sync'} until the last"
-    dl = checks.assert_losses_match(run_name, REF_LOSSES, mean_over_ranks([r["losses"] for r in res]))
-    dp = checks.assert_params_match(run_name, REF_PARAMS, res[0]["params"], checks.PARAM_TOL["sgd"])
-    rows.append([label(strategy, skip), dl, dp])
+    run_name = (f"{strategy.label} x{WORLD_SIZE}, K={K}, "
+                f"{'no sync' if skip else 'sync'} until the last")
+    losses = mean_over_ranks([r["losses"] for r in res])
+    dl = checks.assert_losses_match(run_name, REF_LOSSES, losses)
+    dp = checks.assert_params_match(run_name, REF_PARAMS, res[0]["params"],
+                                    checks.PARAM_TOL["sgd"])
+    rows.append([label(strategy, skip),
+                 ledger.claim(claim_name(strategy, skip, "loss_gap"),
+                              float(f"{dl:.1e}"), "nats",
+                              guard="asserted: loss equivalence", **SETUP),
+                 ledger.claim(claim_name(strategy, skip, "param_gap"),
+                              float(f"{dp:.1e}"), "absolute",
+                              guard="asserted: parameter equivalence", **SETUP)])
 print(table(rows, ["run", "max |Δloss|", "max |Δparam|"],
             formats={"max |Δloss|": ".1e", "max |Δparam|": ".1e"}))
 
@@ -160,19 +184,25 @@ print(table(rows, ["run", "max |Δloss|", "max |Δparam|"],
 # gathers the parameters for its forward and backward.
 REDUCE = {Strategy.DDP: "all_reduce", Strategy.FSDP2: "reduce_scatter"}
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
-n_units = len(comm.fsdp2_groups(build_model(CFG)))  # fully_shard units: the blocks and the root
-count = {key: {kind: sum(c.kind == kind for c in res[0]["collectives"]) for kind in KINDS}
+n_units = len(comm.fsdp2_groups(build_model(CFG)))  # the blocks and the root
+count = {key: {kind: sum(c.kind == kind for c in res[0]["collectives"])
+               for kind in KINDS}
          for key, res in results.items()}
 for strategy, kind in REDUCE.items():
     skipped, every = count[strategy, True][kind], count[strategy, False][kind]
     per_backward = n_units if strategy is Strategy.FSDP2 else skipped
-    checks.expect(skipped >= 1 and every == K * skipped and per_backward == skipped, "sync skipped",
-                  f"{strategy.label} x{WORLD_SIZE}", f"{kind} per optimizer step is {skipped} with "
-                  f"skipping and {every} without; expected {per_backward} and {K} x {per_backward}.")
-checks.expect(count[Strategy.FSDP2, True]["all_gather"] == count[Strategy.FSDP2, False]["all_gather"],
-              "sync skipped", f"FSDP2 x{WORLD_SIZE}", "skipping the gradient sync changed the "
-              "number of all-gathers.")
-print(table([[label(*key), *(c[kind] for kind in KINDS)] for key, c in count.items()],
+    checks.expect(skipped >= 1 and every == K * skipped and per_backward == skipped,
+                  "sync skipped", f"{strategy.label} x{WORLD_SIZE}",
+                  f"{kind} per optimizer step is {skipped} with skipping and {every} "
+                  f"without; expected {per_backward} and {K} x {per_backward}.")
+gathers = [count[Strategy.FSDP2, skip]["all_gather"] for skip in (True, False)]
+checks.expect(gathers[0] == gathers[1], "sync skipped", f"FSDP2 x{WORLD_SIZE}",
+              "skipping the gradient sync changed the number of all-gathers.")
+print(table([[label(*key),
+              *(ledger.claim(claim_name(*key, f"{kind}s_per_optimizer_step"), c[kind],
+                             "calls", guard="asserted: sync skipped", **SETUP)
+                for kind in KINDS)]
+             for key, c in count.items()],
             ["run", "all-reduce", "reduce-scatter", "all-gather"]))
 
 # %%
@@ -191,8 +221,8 @@ MiB = 2**20
 shapes = [p.shape for p in build_model(CFG).parameters()]
 full = [s.numel() * 4 for s in shapes]
 shard = [comm.fsdp2_padded_numel(s, WORLD_SIZE) * 4 // WORLD_SIZE for s in shapes]
-expected = {(Strategy.DDP, True): full, (Strategy.DDP, False): full, (Strategy.FSDP2, True): full,
-            (Strategy.FSDP2, False): shard}
+expected = {(Strategy.DDP, True): full, (Strategy.DDP, False): full,
+            (Strategy.FSDP2, True): full, (Strategy.FSDP2, False): shard}
 held, visible, checked, rows = {}, {}, {}, []
 for key, res in results.items():
     held[key] = statistics.mean(r["held_bytes"] for r in res)
@@ -201,20 +231,32 @@ for key, res in results.items():
     small = sum(b for b in expected[key] if b < MMAP_THRESHOLD)
     got = checked[key] = held[key] if key[0] is Strategy.FSDP2 else visible[key]
     checks.expect(abs(got - want) <= 0.1 * want + small, "gradient memory",
-                  f"{label(*key)} x{WORLD_SIZE}", f"one micro-batch left {got / MiB:.2f} MiB of "
-                  f"gradients behind, expected {want / MiB:.2f} MiB.")
-    rows.append([label(*key), held[key] / MiB, visible[key] / MiB, want / MiB])
-checks.expect(visible[Strategy.FSDP2, True] == 0, "gradient memory", f"FSDP2 x{WORLD_SIZE} without "
-              "sync", ".grad was set before the last micro-batch; the page says FSDP2 holds the "
-              "gradients internally.")
-print(table(rows, ["run", "held (measured) MiB", "in .grad MiB", "expected MiB"],
-            formats={"held (measured) MiB": ".2f", "in .grad MiB": ".2f", "expected MiB": ".2f"}))
+                  f"{label(*key)} x{WORLD_SIZE}", f"one micro-batch left "
+                  f"{got / MiB:.2f} MiB of gradients behind, expected "
+                  f"{want / MiB:.2f} MiB.")
+    checked[key] = ledger.claim(claim_name(*key, "gradient_memory_held"),
+                                round(got / MiB, 2), "MiB",
+                                guard="asserted: gradient memory", **SETUP)
+    rows.append([label(*key), held[key] / MiB, visible[key] / MiB,
+                 ledger.claim(claim_name(*key, "gradient_memory_held.expected"),
+                              round(want / MiB, 2), "MiB", **SETUP)])
+checks.expect(visible[Strategy.FSDP2, True] == 0, "gradient memory",
+              f"FSDP2 x{WORLD_SIZE} without sync", ".grad was set before the last "
+              "micro-batch; the page says FSDP2 holds the gradients internally.")
+COLUMNS = ["held (measured) MiB", "in .grad MiB", "expected MiB"]
+print(table(rows, ["run", *COLUMNS], formats=dict.fromkeys(COLUMNS, ".2f")))
 fsdp2_rs = count[Strategy.FSDP2, False]["reduce_scatter"]
-saved = fsdp2_rs - count[Strategy.FSDP2, True]["reduce_scatter"]
+saved = ledger.claim("accumulation.fsdp2.sync_skipped.reduce_scatters_saved",
+                     fsdp2_rs - count[Strategy.FSDP2, True]["reduce_scatter"], "calls",
+                     guard="asserted: sync skipped", **SETUP)
 extra = held[Strategy.FSDP2, True] - held[Strategy.FSDP2, False]
-print(f"\nFSDP2 trade-off at K={K}, N={WORLD_SIZE}: skipping the sync saves {saved} of {fsdp2_rs} "
-      f"reduce-scatters per optimizer step and costs {extra / MiB:.2f} MiB more gradient memory per "
-      "rank during accumulation: the full gradients, as DDP holds them.")
+extra = ledger.claim("accumulation.fsdp2.sync_skipped.extra_gradient_memory",
+                     round(extra / MiB, 2), "MiB", guard="asserted: gradient memory",
+                     **SETUP)
+print(f"\nFSDP2 trade-off at K={K}, N={WORLD_SIZE}: skipping the sync saves {saved} of "
+      f"{fsdp2_rs} reduce-scatters per optimizer step and costs {extra:.2f} MiB more "
+      "gradient memory per rank during accumulation: the full gradients, as DDP holds "
+      "them.")
 
 # %%
 # The trade-off in one figure: gradient reductions per optimizer step, and the gradient memory held
@@ -222,17 +264,17 @@ print(f"\nFSDP2 trade-off at K={K}, N={WORLD_SIZE}: skipping the sync saves {sav
 style()
 names = [label(*key) for key in RUNS]
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
-for ax, values, xlabel in ((ax1, [count[key][REDUCE[key[0]]] for key in RUNS],
-                            "gradient reductions per optimizer step"),
-                           (ax2, [checked[key] / MiB for key in RUNS],
-                            "gradient MiB held between micro-batches")):
+for ax, values, xlabel, fmt in ((ax1, [count[key][REDUCE[key[0]]] for key in RUNS],
+                                 "gradient reductions per optimizer step", "d"),
+                                (ax2, [checked[key] for key in RUNS],
+                                 "gradient MiB held between micro-batches", ".2f")):
     for i, (key, v) in enumerate(zip(RUNS, values)):
         ax.barh(i, v, color=key[0].color, alpha=1.0 if key[1] else 0.45)
-        ax.text(v, i, f" {v:.3g}", va="center", fontsize=9)
+        ax.text(v, i, f" {v:{fmt}}", va="center", fontsize=9)
     ax.set_yticks(range(len(names)), names if ax is ax1 else [""] * len(names))
     ax.set_xlabel(xlabel)
     ax.invert_yaxis()
     ax.margins(x=0.2)
-fig.suptitle(f"Skipping the sync: {K}x fewer reductions; FSDP2 holds full gradients meanwhile "
-             f"({WORLD_SIZE} ranks)", fontsize=11)
+fig.suptitle(f"Skipping the sync: {K}x fewer reductions; FSDP2 holds full gradients "
+             f"meanwhile ({WORLD_SIZE} ranks)", fontsize=11)
 plt.show()

@@ -42,7 +42,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 import guide
-from guide import checks, memory, sharding
+from guide import checks, claims, memory, sharding
 from guide.data import synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
@@ -61,13 +61,21 @@ RUNS = (("fp32", "adamw"), ("bf16_mixed", "adamw"), ("bf16", "sgd_momentum"))
 TOLERANCE = 0.005  # the prediction is meant to be exact to the byte
 MiB = 2**20
 
+ledger = claims.Ledger("plot_memory_model_state")  # every number this page states
 SHAPES = memory.param_shapes(build_model(CFG))
-n_params = sum(math.prod(s) for s in SHAPES)
-print(table([(memory.PRECISIONS[p].label, o, memory.state_bytes_for_count(
-                 1, "ddp", 1, p, o, ddp_buckets=False).model_state) for p, o in RUNS],
-            ["precision", "optimizer", "model state"], title="bytes per parameter (predicted)"))
-print(f"{n_params:,} parameters in {len(SHAPES)} tensors ({n_params * 4 / MiB:.3f} MiB in fp32); "
-      "uneven dim 0: " + ", ".join(sorted({f"{s[0]} rows" for s in SHAPES if s[0] % 4})))
+n_params = ledger.claim("tinylm.awkward.params", sum(math.prod(s) for s in SHAPES),
+                        "parameters", model=repr(CFG))
+per_param = {(p, o): ledger.claim(  # asserted below: measured = predicted, to the byte
+    f"{o}.{p}.bytes_per_param", memory.state_bytes_for_count(
+        1, "ddp", 1, p, o, ddp_buckets=False).model_state, "bytes per parameter",
+    guard="asserted: model-state bytes", counts="model state (no DDP buckets)")
+    for p, o in RUNS}
+print(table([(memory.PRECISIONS[p].label, o, b) for (p, o), b in per_param.items()],
+            ["precision", "optimizer", "model state"],
+            title="bytes per parameter (predicted)"))
+uneven = sorted({f"{s[0]} rows" for s in SHAPES if s[0] % 4})
+print(f"{n_params:,} parameters in {len(SHAPES)} tensors "
+      f"({n_params * 4 / MiB:.3f} MiB in fp32); uneven dim 0: " + ", ".join(uneven))
 
 # %%
 # One worker, every strategy
@@ -78,32 +86,37 @@ print(f"{n_params:,} parameters in {len(SHAPES)} tensors ({n_params * 4 / MiB:.3
 # :class:`~torch.distributed.fsdp.MixedPrecisionPolicy` for FSDP2. ``bf16`` is the whole model cast
 # to bfloat16. ZeRO-1 is DDP with the optimizer wrapped in ``ZeroRedundancyOptimizer``, which
 # builds the site's optimizer (``OPTIMIZERS[key].factory``) over this rank's partition only.
-BF16_MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+BF16_MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                  reduce_dtype=torch.float32)
 
 
 def wrapped(strategy: Strategy, precision: str, rank: guide.Rank) -> torch.nn.Module:
     model = build_model(CFG, device=rank.device)
     if precision == "bf16":
         model = model.to(torch.bfloat16)
-    if not strategy.is_fsdp2:
-        return sharding.wrap(model, Strategy.DDP, rank)  # DDP(model): ZeRO-1 is DDP underneath
+    if not strategy.is_fsdp2:  # DDP(model): ZeRO-1 is DDP underneath
+        return sharding.wrap(model, Strategy.DDP, rank)
     options = {"reshard_after_forward": strategy is Strategy.FSDP2}
     if precision == "bf16_mixed":
         options["mp_policy"] = BF16_MIXED
-    return sharding.wrap(model, Strategy.FSDP2, rank, **options)  # fully_shard blocks, then root
+    # fully_shard on every block, then on the root
+    return sharding.wrap(model, Strategy.FSDP2, rank, **options)
 
 
 def worker(rank: guide.Rank) -> dict:
     out = {}
     for strategy, (precision, optimizer) in itertools.product(STRATEGIES, RUNS):
         model = wrapped(strategy, precision, rank)
-        opt = (ZeroRedundancyOptimizer(model.parameters(),
-                                       optimizer_class=OPTIMIZERS[optimizer].factory)
-               if strategy is Strategy.ZERO1 else make_optimizer(optimizer, model.parameters()))
+        if strategy is Strategy.ZERO1:
+            opt = ZeroRedundancyOptimizer(model.parameters(),
+                                          optimizer_class=OPTIMIZERS[optimizer].factory)
+        else:
+            opt = make_optimizer(optimizer, model.parameters())
         autocast = precision == "bf16_mixed" and not strategy.is_fsdp2
         with torch.autocast(rank.device.type, dtype=torch.bfloat16, enabled=autocast):
             train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
-        result = {"held": memory.measure(model, opt)}  # after step(), before the next zero_grad()
+        # after step(), before the next zero_grad()
+        result = {"held": memory.measure(model, opt)}
         if strategy.is_fsdp2:  # a forward alone: what stays gathered until backward
             with torch.no_grad():
                 model(BATCHES[0][:1, :-1].to(rank.device))
@@ -130,7 +143,7 @@ PARTS = ("params", "grads", "optimizer", "buckets")
 
 
 def padding_bytes(n: int, precision: str, optimizer: str) -> float:
-    """What FSDP2 may hold above an exact 1/N of DDP's model state, from the shapes alone."""
+    """What FSDP2 may hold above an exact 1/N of DDP's model state (from the shapes)."""
     pr, opt = memory.PRECISIONS[precision], OPTIMIZERS[optimizer]
     per_elem = pr.param + pr.grad + pr.master + opt.moments * pr.moment
     pad = sum((math.ceil(s[0] / n) - s[0] / n) * math.prod(s[1:]) for s in SHAPES)
@@ -144,8 +157,8 @@ def gap(got: int, want: int) -> float:
 worst = 0.0
 for (strategy, n), ranks in measured.items():
     for precision, optimizer in RUNS:
-        predicted = memory.state_bytes_by_rank(SHAPES, strategy, n, precision, optimizer,
-                                               ddp_buckets=True)
+        predicted = memory.state_bytes_by_rank(SHAPES, strategy, n, precision,
+                                               optimizer, ddp_buckets=True)
         ddp = measured[Strategy.DDP, n]
         for r, (result, want) in enumerate(zip(ranks, predicted)):
             got = result[precision, optimizer]["held"]
@@ -154,7 +167,8 @@ for (strategy, n), ranks in measured.items():
                 g, w = getattr(got, part), getattr(want, part)
                 worst = max(worst, gap(g, w))
                 checks.expect(gap(g, w) <= TOLERANCE, "model-state bytes", run,
-                              f"{part} measured {g:,} B, predicted {w:,} B ({TOLERANCE:.1%} allowed)")
+                              f"{part} measured {g:,} B, predicted {w:,} B "
+                              f"({TOLERANCE:.1%} allowed)")
             if strategy.is_fsdp2:
                 bound = (ddp[r][precision, optimizer]["held"].model_state / n
                          + padding_bytes(n, precision, optimizer))
@@ -162,8 +176,12 @@ for (strategy, n), ranks in measured.items():
                               f"{got.model_state:,} B > {bound:,.0f} B")
 
 n_checks = sum(len(r) for r in measured.values()) * len(RUNS) * len(PARTS)
-print(f"{n_checks} (strategy, N, rank, precision, optimizer, part) measurements; largest gap to "
-      f"the prediction: {worst:.4%} (tolerance {TOLERANCE:.1%}).")
+tol = ledger.claim("tolerance.memory_prediction", TOLERANCE, "fraction")
+worst = ledger.claim("memory-model-state.worst_prediction_gap", round(worst, 6),
+                     "fraction", guard="asserted: model-state bytes", model=repr(CFG),
+                     world_sizes=WORLD_SIZES, checks=n_checks)
+print(f"{n_checks} (strategy, N, rank, precision, optimizer, part) measurements; "
+      f"largest gap to the prediction: {worst:.4%} (tolerance {tol:.1%}).")
 
 # %%
 # Measured per rank, fp32 AdamW
@@ -173,21 +191,40 @@ print(f"{n_checks} (strategy, N, rank, precision, optimizer, part) measurements;
 # (parameters, gradients, optimizer: ZeRO's accounting) and *held* (plus DDP's buckets, what the
 # rank really keeps between steps with DDP's defaults).
 held = {key: ranks[0]["fp32", "adamw"]["held"] for key, ranks in measured.items()}
+MEASURED = dict(guard="asserted: model-state bytes", model=repr(CFG), precision="fp32",
+                optimizer="adamw")  # every part measured equals the prediction (above)
+
+
+def vs_ddp(strategy: Strategy, n: int, what: str) -> float:
+    """Rank 0's ``what`` ("model_state" or "total") over DDP's at N, as printed."""
+    ratio = getattr(held[strategy, n], what) / getattr(held[Strategy.DDP, n], what)
+    name = {"model_state": "model_state_vs_ddp", "total": "held_vs_ddp"}[what]
+    guard = ("asserted: FSDP2 <= DDP/N + padding"  # the FSDP2 bound, checked above
+             if strategy.is_fsdp2 and what == "model_state" else MEASURED["guard"])
+    return ledger.claim(f"memory-model-state.{strategy.value}.n{n}.{name}",
+                        round(ratio, 3), "fraction", world_size=n, ddp_buckets=True,
+                        **(MEASURED | {"guard": guard}))
+
+
 rows = [(s.label, n, h.params, h.grads, h.optimizer, h.buckets, h.total,
-         h.model_state / held[Strategy.DDP, n].model_state, h.total / held[Strategy.DDP, n].total)
+         vs_ddp(s, n, "model_state"), vs_ddp(s, n, "total"))
         for (s, n), h in held.items()]
 print(table(rows, ["strategy", "N", "params", "grads", "optimizer", "buckets", "held",
                    "model state vs DDP", "held vs DDP"],
             formats={"model state vs DDP": ".1%", "held vs DDP": ".1%"},
-            title="measured bytes on rank 0, fp32 AdamW (held = model state + DDP's buckets)"))
+            title="measured bytes on rank 0, fp32 AdamW (held = model state + DDP's "
+                  "buckets)"))
 
-fsdp_n, ddp_n = held[Strategy.FSDP2, N], held[Strategy.DDP, N]
 zero_n = [r["fp32", "adamw"]["held"].optimizer for r in measured[Strategy.ZERO1, N]]
-print(f"\nAt N={N} one FSDP2 rank holds {fsdp_n.model_state / ddp_n.model_state:.1%} of DDP's model "
-      f"state (1/{N} = {1 / N:.0%}; the rest is padding and step counters), and "
-      f"{fsdp_n.total / ddp_n.total:.1%} "
-      f"of what a DDP rank holds with its buckets. ZeRO-1's optimizer shares over the {N} ranks are "
-      + ", ".join(f"{z / sum(zero_n):.1%}" for z in zero_n)
+shares = [ledger.claim(f"memory-model-state.zero1.n{N}.rank{r}.optimizer_share",
+                       round(z / sum(zero_n), 3), "fraction", world_size=N, **MEASURED)
+          for r, z in enumerate(zero_n)]
+fsdp_state, fsdp_held = (vs_ddp(Strategy.FSDP2, N, w) for w in ("model_state", "total"))
+print(f"\nAt N={N} one FSDP2 rank holds {fsdp_state:.1%} of DDP's model state "
+      f"(1/{N} = {1 / N:.0%}; the rest is padding and step counters), and "
+      f"{fsdp_held:.1%} of what a DDP rank holds with its buckets. ZeRO-1's optimizer "
+      f"shares over the {N} ranks are "
+      + ", ".join(f"{z:.1%}" for z in shares)
       + ": it splits whole parameters, so the largest tensor sets the floor.")
 
 # %%
@@ -198,17 +235,28 @@ print(f"\nAt N={N} one FSDP2 rank holds {fsdp_n.model_state / ddp_n.model_state:
 # point: with resharding, the shards; without, every parameter whole, in the compute dtype
 # (:func:`guide.memory.unsharded_param_bytes`), held *in addition to* the shards.
 for (strategy, n), ranks in measured.items():
-    for (precision, optimizer), (r, result) in itertools.product(RUNS, enumerate(ranks)):
-        m, run = result[precision, optimizer], f"{strategy} at N={n}, rank {r}, {precision} {optimizer}"
-        if strategy.is_fsdp2:
-            want = (m["held"].params if strategy is Strategy.FSDP2
-                    else memory.unsharded_param_bytes(SHAPES, n, precision))
-            checks.expect(m["after_forward"] == want, "parameters held after forward", run,
-                          f"measured {m['after_forward']:,} B, predicted {want:,} B")
-unsharded = memory.unsharded_param_bytes(SHAPES, N, "fp32")
-print(f"reshard_after_forward=False at N={N} additionally holds {unsharded:,} B of unsharded fp32 "
-      f"parameters between forward and backward ({unsharded / fsdp_n.model_state:.1f}x the rank's "
-      "model state).")
+    if not strategy.is_fsdp2:
+        continue
+    for (precision, optimizer), (r, result) in itertools.product(RUNS,
+                                                                 enumerate(ranks)):
+        m = result[precision, optimizer]
+        run = f"{strategy} at N={n}, rank {r}, {precision} {optimizer}"
+        want = (m["held"].params if strategy is Strategy.FSDP2
+                else memory.unsharded_param_bytes(SHAPES, n, precision))
+        got = m["after_forward"]
+        checks.expect(got == want, "parameters held after forward", run,
+                      f"measured {got:,} B, predicted {want:,} B")
+AFTER_FORWARD = dict(MEASURED, guard="asserted: parameters held after forward",
+                     world_size=N)
+unsharded = ledger.claim(f"memory-model-state.fsdp2_no_reshard.n{N}.unsharded_params",
+                         memory.unsharded_param_bytes(SHAPES, N, "fp32"), "bytes",
+                         **AFTER_FORWARD)
+times = ledger.claim(f"memory-model-state.fsdp2_no_reshard.n{N}.unsharded_vs_state",
+                     round(unsharded / held[Strategy.FSDP2, N].model_state, 1), "x",
+                     **AFTER_FORWARD)
+print(f"reshard_after_forward=False at N={N} additionally holds {unsharded:,} B of "
+      f"unsharded fp32 parameters between forward and backward ({times:.1f}x the "
+      "rank's model state).")
 
 # %%
 # The picture
@@ -229,22 +277,25 @@ for strategy in STRATEGIES:
                    edgecolor="white")
             bottom += v
         if h.buckets:
-            ax.bar(x, h.buckets / MiB, bottom=bottom, color="white", edgecolor=strategy.color,
-                   hatch="///", width=0.8)
-        pred = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", "adamw", ddp_buckets=True)
+            ax.bar(x, h.buckets / MiB, bottom=bottom, color="white",
+                   edgecolor=strategy.color, hatch="///", width=0.8)
+        pred = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", "adamw",
+                                           ddp_buckets=True)
         ax.plot([x - 0.45, x + 0.45], [pred.total / MiB] * 2, color="black", lw=2)
         ticks.append(x)
         ticklabels.append(f"N={n}")
         x += 1
-    ax.text(x - (len(WORLD_SIZES) + 1) / 2, -0.08, strategy.label, ha="center", va="top", fontsize=10, color=strategy.color,
-            fontweight="bold", transform=ax.get_xaxis_transform())
+    ax.text(x - (len(WORLD_SIZES) + 1) / 2, -0.08, strategy.label, ha="center",
+            va="top", fontsize=10, color=strategy.color, fontweight="bold",
+            transform=ax.get_xaxis_transform())
     x += 0.6
 ax.set_xticks(ticks, ticklabels, fontsize=9)
 ax.set_ylabel("bytes held by rank 0 (MiB)")
-ax.set_title(f"Measured per rank, fp32 AdamW, {n_params:,} parameters: only FSDP2 divides it all")
+ax.set_title(f"Measured per rank, fp32 AdamW, {n_params:,} parameters: "
+             "only FSDP2 divides it all")
 handles = [plt.Rectangle((0, 0), 1, 1, color="gray", alpha=a) for a in shades.values()]
-handles += [plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="gray", hatch="///"),
-            plt.Line2D([], [], color="black", lw=2)]
+handles += [plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="gray",
+                          hatch="///"), plt.Line2D([], [], color="black", lw=2)]
 ax.legend(handles, ["parameters", "gradients", "AdamW state", "DDP gradient buckets",
                     "predicted total"], loc="upper right", fontsize=9, ncol=3)
 ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend above the bars

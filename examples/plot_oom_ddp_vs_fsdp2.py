@@ -39,7 +39,7 @@ import math
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, memory, sharding
+from guide import checks, claims, memory, sharding
 from guide.data import synthetic_batches
 from guide.memory import PeakMemory, current_bytes, data_segment_bytes, prepare
 from guide.model import ModelConfig, build_model
@@ -52,12 +52,19 @@ MiB = 2**20
 CFG = ModelConfig(vocab=128, d_model=512, n_layers=6, n_heads=8, d_mlp=2048, max_seq=32)
 OPTIMIZER = "sgd_momentum"
 STEPS = 3
-BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)
+BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab,
+                            seed=0)
 HEADROOM = 3.5  # × P: room each rank may grow by above its own start
+ledger = claims.Ledger("plot_oom_ddp_vs_fsdp2")  # every number this page states
+RUN = dict(model=repr(CFG), optimizer=OPTIMIZER, precision="fp32", steps=STEPS)
 
 SHAPES = memory.param_shapes(build_model(CFG))
-P = sum(math.prod(s) for s in SHAPES) * 4
-print(f"model: {P // 4:,} parameters, P = {P / MiB:.1f} MiB in fp32")
+n_params = ledger.claim("tinylm.oom.params", sum(math.prod(s) for s in SHAPES),
+                        "parameters", model=repr(CFG))
+P = n_params * 4
+p_mib = ledger.claim("tinylm.oom.params_fp32", round(P / MiB, 1), "MiB",
+                     model=repr(CFG))
+print(f"model: {n_params:,} parameters, P = {p_mib:.1f} MiB in fp32")
 
 # %%
 # One worker, two strategies
@@ -78,13 +85,15 @@ def train_worker(rank: guide.Rank, strategy: Strategy) -> dict:
     model = sharding.wrap(build_model(CFG, device=rank.device), strategy, rank)
     opt = make_optimizer(OPTIMIZER, model.parameters())
     with PeakMemory(rank.device) as peak:
-        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
-    return {"losses": losses, "peak": peak.peak_level_bytes - start, "start_vmdata": start_vmdata,
+        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size,
+                             rank.device)
+    return {"losses": losses, "peak": peak.peak_level_bytes - start,
+            "start_vmdata": start_vmdata,
             "held": memory.measure(model, opt).total}  # model state + DDP's buckets
 
 
 def start_level(rank: guide.Rank) -> int:
-    """VmData of a fresh rank before it builds anything: what the budget is relative to."""
+    """VmData of a fresh rank before it builds anything: the budget's zero."""
     return data_segment_bytes()
 
 
@@ -101,11 +110,19 @@ START = max(*guide.launch(start_level, 4), *(r["start_vmdata"] for r in ddp_free
 BUDGET_MIB = math.ceil((START + HEADROOM * P) / MiB)
 headroom = BUDGET_MIB * MiB - START
 need = max(r["peak"] for r in ddp_free)
-print(f"a fresh rank starts with VmData = {START / MiB:.0f} MiB; budget per rank = {BUDGET_MIB} MiB "
-      f"= start + {HEADROOM} × P. Unconstrained, DDP x2 peaks {need / MiB:.0f} MiB above its start.")
 checks.expect(need > headroom, "DDP out of memory", "DDP x2",
-              f"peaks at {need / MiB:.0f} MiB, inside the {headroom / MiB:.0f} MiB headroom: raise "
-              "the model's size or lower HEADROOM, or DDP's failure below is not its state")
+              f"peaks at {need / MiB:.0f} MiB, inside the {headroom / MiB:.0f} MiB "
+              "headroom: raise the model's size or lower HEADROOM, or DDP's failure "
+              "below is not its state")
+start_mib = ledger.claim("oom.fresh_rank.vmdata", round(START / MiB), "MiB",
+                         world_size="2 and 4")  # measured, this machine, this build
+budget = ledger.claim("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADROOM,
+                      **RUN)
+need_mib = ledger.claim("oom.ddp.n2.unconstrained_peak", round(need / MiB), "MiB",
+                        guard="asserted: DDP out of memory", **RUN)
+print(f"a fresh rank starts with VmData = {start_mib} MiB; budget per rank = {budget} "
+      f"MiB = start + {HEADROOM} × P. Unconstrained, DDP x2 peaks {need_mib} MiB above "
+      "its start.")
 
 # %%
 # Under the budget: DDP fails, FSDP2 trains
@@ -126,18 +143,22 @@ def run_under_budget(strategy: Strategy, n: int) -> list[dict] | guide.RankOutOf
 
 oom = run_under_budget(Strategy.DDP, 2)
 checks.expect(isinstance(oom, guide.RankOutOfMemory), "DDP out of memory", "DDP x2",
-              f"trained {STEPS} steps within {BUDGET_MIB} MiB per rank: the budget no longer "
-              "separates DDP from FSDP2. Lower HEADROOM.")
+              f"trained {STEPS} steps within {BUDGET_MIB} MiB per rank: the budget no "
+              "longer separates DDP from FSDP2. Lower HEADROOM.")
 print(str(oom).split("\n\n")[0])
 
 fsdp = {n: run_under_budget(Strategy.FSDP2, n) for n in (2, 4)}
+loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
 for n, results in fsdp.items():
     checks.expect(isinstance(results, list), "FSDP2 fits", f"FSDP2 x{n}",
-                  f"ran out of memory under {BUDGET_MIB} MiB per rank: {str(results).splitlines()[0]}")
+                  f"ran out of memory under {BUDGET_MIB} MiB per rank: "
+                  f"{str(results).splitlines()[0]}")
     gap = checks.assert_losses_match(f"FSDP2 x{n} under {BUDGET_MIB} MiB", ref_losses,
                                      mean_over_ranks([r["losses"] for r in results]))
-    print(f"FSDP2 x{n}: {STEPS} steps within {BUDGET_MIB} MiB per rank; losses match the "
-          f"single-process reference within {gap:.1e} (tol {checks.LOSS_TOL:.0e})")
+    gap = ledger.claim(f"oom.fsdp2.n{n}.max_loss_gap", float(f"{gap:.1e}"), "nats",
+                       guard="asserted: loss equivalence", budget_mib=BUDGET_MIB, **RUN)
+    print(f"FSDP2 x{n}: {STEPS} steps within {BUDGET_MIB} MiB per rank; losses match "
+          f"the single-process reference within {gap:.1e} (tol {loss_tol:.0e})")
 
 # %%
 # Predicted and measured, side by side
@@ -148,7 +169,10 @@ for n, results in fsdp.items():
 # the highest resident memory during training above the rank's level before it built the model.
 # The prediction must equal the measurement to the byte; the peak adds what the prediction does not
 # count: activations, the block FSDP2 gathers and reduces, the optimizer's temporaries.
-runs = {(Strategy.DDP, 2): ddp_free, (Strategy.FSDP2, 2): fsdp[2], (Strategy.FSDP2, 4): fsdp[4]}
+runs = {(Strategy.DDP, 2): ddp_free, (Strategy.FSDP2, 2): fsdp[2],
+        (Strategy.FSDP2, 4): fsdp[4]}
+headroom_mib = ledger.claim("oom.headroom", round(headroom / MiB), "MiB",
+                            headroom_p=HEADROOM, **RUN)
 rows = []
 for (strategy, n), results in runs.items():
     predicted = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", OPTIMIZER,
@@ -156,19 +180,31 @@ for (strategy, n), results in runs.items():
     measured = max(r["held"] for r in results)
     checks.expect(measured == predicted, "held-state prediction", f"{strategy} x{n}",
                   f"measured {measured:,} B, predicted {predicted:,} B")
-    peak = max(r["peak"] for r in results)
-    rows.append((f"{strategy} x{n}", predicted / MiB, measured / MiB, peak / MiB, peak / headroom,
-                 "fails (out of memory)" if strategy is Strategy.DDP else "trains"))
+    key, peak = f"oom.{strategy.value}.n{n}", max(r["peak"] for r in results)
+    held_mib = ledger.claim(f"{key}.held", round(measured / MiB, 1), "MiB",
+                            guard="asserted: held-state prediction", ddp_buckets=True,
+                            **RUN)
+    ddp = strategy is Strategy.DDP
+    check = "DDP out of memory" if ddp else "FSDP2 fits"
+    outcome = ledger.claim(f"{key}.under_budget",
+                           "fails (out of memory)" if ddp else "trains", "outcome",
+                           guard=f"asserted: {check}", budget_mib=BUDGET_MIB, **RUN)
+    rows.append((f"{strategy} x{n}", predicted / MiB, held_mib, peak / MiB,
+                 peak / headroom, outcome))
 
-print(table(rows, ["run", "predicted held", "measured held", "measured peak", "peak / headroom",
-                   "under budget"],
-            formats={"predicted held": ",.1f", "measured held": ",.1f", "measured peak": ",.1f",
-                     "peak / headroom": ".0%"},
+print(table(rows, ["run", "predicted held", "measured held", "measured peak",
+                   "peak / headroom", "under budget"],
+            formats={"predicted held": ",.1f", "measured held": ",.1f",
+                     "measured peak": ",.1f", "peak / headroom": ".0%"},
             title=f"MiB per rank (held = model state + DDP's buckets); headroom "
-                  f"{headroom / MiB:.0f} MiB above a fresh rank's start, P = {P / MiB:.1f} MiB"))
-asked = "an unknown amount" if oom.requested_bytes is None else f"{oom.requested_bytes / MiB:.1f} MiB"
-print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with {oom.limit_mib} MiB allowed; "
-      f"unconstrained it needs {need / headroom:.2f}x the headroom.")
+                  f"{headroom_mib} MiB above a fresh rank's start, P = {p_mib:.1f} "
+                  "MiB"))
+asked = ("an unknown amount" if oom.requested_bytes is None
+         else f"{oom.requested_bytes / MiB:.1f} MiB")
+over = ledger.claim("oom.ddp.n2.need_vs_headroom", round(need / headroom, 2), "x",
+                    guard="asserted: DDP out of memory", headroom_p=HEADROOM, **RUN)
+print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with "
+      f"{oom.limit_mib} MiB allowed; unconstrained it needs {over:.2f}x the headroom.")
 
 # %%
 # The picture
@@ -179,17 +215,19 @@ print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with {oom.lim
 style()
 fig, ax = plt.subplots(figsize=(7.5, 3.4))
 for i, ((strategy, _), (name, _, held, peak, _, outcome)) in enumerate(zip(runs, rows)):
-    ax.barh(i, peak, color=strategy.color, alpha=0.35, label="measured peak" if i == 0 else None)
+    ax.barh(i, peak, color=strategy.color, alpha=0.35,
+            label="measured peak" if i == 0 else None)
     ax.barh(i, held, color=strategy.color,
             label="held between steps (+ DDP's buckets)" if i == 0 else None)
     ax.text(peak + 4, i, outcome, va="center", fontsize=10)
 ax.axvline(headroom / MiB, color="black", ls="--", lw=1.2)
-ax.text(headroom / MiB, len(rows) - 0.45, f" budget: {headroom / MiB:.0f} MiB", fontsize=10)
+ax.text(headroom / MiB, len(rows) - 0.45, f" budget: {headroom_mib} MiB", fontsize=10)
 ax.set_yticks(range(len(rows)), [r[0] for r in rows])
 ax.invert_yaxis()
 ax.set_xlim(0, max(r[3] for r in rows) * 1.35)
 ax.set_xlabel("per-rank memory above a fresh rank (MiB)")
-ax.set_title(f"SGD + momentum, {P / MiB:.0f} MiB of fp32 parameters, one budget for every rank")
+ax.set_title(f"SGD + momentum, {p_mib:.1f} MiB of fp32 parameters, one budget for "
+             "every rank")
 ax.legend(loc="lower right")
 plt.show()
 # sphinx_gallery_thumbnail_number = 1

@@ -35,7 +35,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, comm, dtensor
+from guide import checks, claims, comm, dtensor
 from guide.comm import CollectiveLog
 from guide.data import rank_slice, synthetic_batches
 from guide.memory import MMAP_THRESHOLD, PeakMemory, prepare
@@ -47,12 +47,26 @@ from guide.training import make_optimizer, mean_over_ranks, next_token_loss, tra
 
 WORLD_SIZE = guide.world_size(4)
 CFG = ModelConfig(d_model=256, n_heads=4, d_mlp=1024, n_layers=4)
-TIMED = 1  # steps timed per rank (shown, not asserted: CPU timing here is mostly scheduling)
-BATCHES = synthetic_batches(steps=2 + TIMED, batch_size=32, seq_len=16, vocab=CFG.vocab, seed=0)
+TIMED = 1  # steps timed per rank (shown, not asserted: on CPU, mostly scheduling)
+BATCHES = synthetic_batches(steps=2 + TIMED, batch_size=32, seq_len=16, vocab=CFG.vocab,
+                            seed=0)
 SETTINGS = {"True": True, "False": False, "2": 2, "None (default)": None}
+ledger = claims.Ledger("plot_reshard_after_forward")  # every number this page states
 model = build_model(CFG)
-n_params = sum(p.numel() for p in model.parameters())
-print(f"{n_params:,} parameters ({n_params * 4 / 2**20:.1f} MiB fp32), {WORLD_SIZE} ranks")
+n_params = ledger.claim("tinylm.wide.params",
+                        sum(p.numel() for p in model.parameters()), "parameters",
+                        model=repr(CFG))
+fp32_mib = ledger.claim("tinylm.wide.params_fp32", round(n_params * 4 / 2**20, 1),
+                        "MiB", model=repr(CFG))
+print(f"{n_params:,} parameters ({fp32_mib:.1f} MiB fp32), {WORLD_SIZE} ranks")
+
+
+def claim_name(setting: str, quantity: str) -> str:
+    """``tinylm.wide.fsdp2.reshard_<setting>.<quantity>``: one claim per setting."""
+    return f"tinylm.wide.fsdp2.reshard_{setting.split()[0].lower()}.{quantity}"
+
+
+SETUP = dict(model="tinylm-wide", world_size=WORLD_SIZE)
 
 # %%
 # One step, measured by phase
@@ -64,7 +78,8 @@ print(f"{n_params:,} parameters ({n_params * 4 / 2**20:.1f} MiB fp32), {WORLD_SI
 
 @dataclasses.dataclass(frozen=True)
 class PhasedStep:
-    """One training step on one rank: its loss, the bytes its forward left behind, its peak."""
+    """One training step on one rank: its loss, the bytes its forward left behind, its
+    peak."""
 
     loss: float
     held_after_forward_bytes: int
@@ -73,15 +88,16 @@ class PhasedStep:
 
 def measured_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   tokens: torch.Tensor) -> PhasedStep:
-    """One step (``zero_grad``, forward, backward, ``step``); the peak is the larger of the forward's
-    peak and what the forward left plus the backward-and-step's peak."""
+    """One step (``zero_grad``, forward, backward, ``step``); the peak is the larger of
+    the forward's peak and what the forward left plus the backward-and-step's peak."""
     optimizer.zero_grad(set_to_none=True)
     with PeakMemory() as fwd:
         loss = next_token_loss(model, tokens)
     with PeakMemory() as rest:
         loss.backward()
         optimizer.step()
-    return PhasedStep(loss.item(), fwd.end_bytes, max(fwd.peak_bytes, fwd.end_bytes + rest.peak_bytes))
+    return PhasedStep(loss.item(), fwd.end_bytes,
+                      max(fwd.peak_bytes, fwd.end_bytes + rest.peak_bytes))
 
 
 # %%
@@ -103,9 +119,10 @@ def worker(rank: guide.Rank, reshard_after_forward) -> dict:
         "reshard_after_forward": reshard_after_forward}
     apply_fsdp2(model, mesh, **kwargs)
     opt = make_optimizer("sgd", model.parameters())
-    tokens = [rank_slice(b, rank.rank, rank.world_size).to(rank.device) for b in BATCHES]
+    where = (rank.rank, rank.world_size, rank.device)
+    tokens = [rank_slice(b, *where[:2]).to(rank.device) for b in BATCHES]
 
-    loss = next_token_loss(model, tokens[0])  # warm-up step, looking between forward and backward
+    loss = next_token_loss(model, tokens[0])  # warm-up step; look between fwd and bwd
     between = dtensor.param_layouts(model, rank.rank)
     loss.backward()
     opt.step()
@@ -117,13 +134,14 @@ def worker(rank: guide.Rank, reshard_after_forward) -> dict:
     times = []
     for batch in BATCHES[2:]:
         start = time.perf_counter()
-        losses += train_steps(model, opt, batch[None], rank.rank, rank.world_size, rank.device)
+        losses += train_steps(model, opt, batch[None], *where)
         times.append(time.perf_counter() - start)
-    return {"losses": losses, "between": between, "memory": memory, "collectives": log.records,
-            "step_s": statistics.median(times)}
+    return {"losses": losses, "between": between, "memory": memory,
+            "collectives": log.records, "step_s": statistics.median(times)}
 
 
-results = {name: guide.launch(worker, WORLD_SIZE, raf) for name, raf in SETTINGS.items()}
+results = {name: guide.launch(worker, WORLD_SIZE, raf)
+           for name, raf in SETTINGS.items()}
 
 # %%
 # What the parameters are between forward and backward
@@ -138,13 +156,15 @@ def layout(lay: dtensor.ParamLayout) -> str:
     return f"{lay.placements if lay.is_dtensor else 'plain tensor'} {lay.local_shape}"
 
 
-between = {name: {lay.name: lay for lay in res[0]["between"]} for name, res in results.items()}
-print(table([[name, *(layout(lays[p]) for p in shown)] for name, lays in between.items()],
-            ["reshard_after_forward", *shown]))
+between = {name: {lay.name: lay for lay in res[0]["between"]}
+           for name, res in results.items()}
+print(table([[name, *(layout(lays[p]) for p in shown)]
+             for name, lays in between.items()], ["reshard_after_forward", *shown]))
 default = between["None (default)"]
-checks.expect(not default["head.weight"].is_dtensor and default["blocks.0.fc1.weight"].is_dtensor,
-              "default", "None", "expected the root's parameters unsharded (False) and the "
-              "blocks' resharded (True) between forward and backward.")
+checks.expect(not default["head.weight"].is_dtensor
+              and default["blocks.0.fc1.weight"].is_dtensor, "default", "None",
+              "expected the root's parameters unsharded (False) and the blocks' "
+              "resharded (True) between forward and backward.")
 print("\nThe default (None) keeps the root's parameters unsharded after forward "
       "(reshard_after_forward=False for the root) and reshards every block (True).")
 
@@ -158,26 +178,33 @@ print("\nThe default (None) keeps the root's parameters unsharded after forward 
 # makes; the measured calls must equal it. For ``2``: one call per unit in each phase, forward over
 # all ranks, backward over groups of 2.
 n_units = len(comm.fsdp2_groups(model))  # each block, and the root
+PHASES = ("forward", "backward")
 counts, group_sizes = {}, {}
 for name, res in results.items():
     recs = [c for c in res[0]["collectives"] if c.kind == "all_gather"]
-    counts[name] = {ph: sum(c.phase == ph for c in recs) for ph in ("forward", "backward")}
+    counts[name] = {ph: sum(c.phase == ph for c in recs) for ph in PHASES}
     group_sizes[name] = {ph: sorted({c.group_size for c in recs if c.phase == ph})
-                         for ph in ("forward", "backward")}
+                         for ph in PHASES}
     run = f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}"
     if type(SETTINGS[name]) is int:
         k = SETTINGS[name]
-        want = ({"forward": n_units, "backward": n_units}, {"forward": [WORLD_SIZE], "backward": [k]})
+        want = ({"forward": n_units, "backward": n_units},
+                {"forward": [WORLD_SIZE], "backward": [k]})
         checks.expect((counts[name], group_sizes[name]) == want, "all-gathers", run,
-                      f"{counts[name]}, group sizes {group_sizes[name]}; expected one per unit "
-                      f"in each phase, backward over groups of {k}.")
+                      f"{counts[name]}, group sizes {group_sizes[name]}; expected one "
+                      f"per unit in each phase, backward over groups of {k}.")
     else:
-        expected = comm.fsdp2_step(comm.fsdp2_groups(model, SETTINGS[name]), WORLD_SIZE)
+        groups = comm.fsdp2_groups(model, SETTINGS[name])
+        expected = comm.fsdp2_step(groups, WORLD_SIZE)
         want = sorted((c.phase, c.numel) for c in expected if c.kind == "all_gather")
         got = sorted((c.phase, c.numel) for c in recs)
-        checks.expect(got == want, "all-gathers", run, f"measured (phase, elements) {got}, the "
-                      f"semantics require {want}.")
-print(table([[name, c["forward"], c["backward"], ", ".join(map(str, group_sizes[name]["backward"]))]
+        checks.expect(got == want, "all-gathers", run, f"measured (phase, elements) "
+                      f"{got}, the semantics require {want}.")
+print(table([[name, *(ledger.claim(claim_name(name, f"all_gathers.{ph}_per_step"),
+                                   c[ph], "calls", guard="asserted: all-gathers",
+                                   **SETUP)
+                      for ph in PHASES),
+              ", ".join(map(str, group_sizes[name]["backward"]))]
              for name, c in counts.items()],
             ["reshard_after_forward", "forward", "backward", "backward group size"],
             title="All-gathers per step"))
@@ -186,10 +213,16 @@ print(table([[name, c["forward"], c["backward"], ", ".join(map(str, group_sizes[
 # Same arithmetic, whatever the setting
 # -------------------------------------
 # Resharding moves parameters, not numbers: all four runs must produce the same losses.
-losses = {name: mean_over_ranks([r["losses"] for r in res]) for name, res in results.items()}
-gaps = {name: checks.assert_losses_match(f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}",
-                                         losses["True"], losses[name]) for name in SETTINGS}
-print(table([[name, gap, "bitwise equal" if gap == 0 else ""] for name, gap in gaps.items()],
+losses = {name: mean_over_ranks([r["losses"] for r in res])
+          for name, res in results.items()}
+gaps = {name: checks.assert_losses_match(
+            f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}", losses["True"],
+            losses[name])
+        for name in SETTINGS}
+print(table([[name, ledger.claim(claim_name(name, "loss_gap_vs_true"),
+                                 float(f"{gap:.1e}"), "nats",
+                                 guard="asserted: loss equivalence", **SETUP),
+              "bitwise equal" if gap == 0 else ""] for name, gap in gaps.items()],
             ["reshard_after_forward", "max |loss - loss(True)|", ""],
             formats={"max |loss - loss(True)|": ".1e"}))
 
@@ -210,30 +243,43 @@ print(table([[name, gap, "bitwise equal" if gap == 0 else ""] for name, gap in g
 # dominated by scheduling, so it is shown, not asserted.
 MiB = 2**20
 NOISE = MiB // 4  # resolution of "resident after forward" between two measurements
-padded = [comm.fsdp2_padded_numel(p.shape, WORLD_SIZE) * 4 for p in model.parameters()]  # bytes
+ledger.claim("tolerance.resident_memory_noise", NOISE / MiB, "MiB")
+FP32 = 4  # bytes per parameter element
+
+
+def padded_bytes(shapes) -> list[int]:
+    """Bytes of each parameter unsharded, padded as FSDP2 pads it."""
+    return [comm.fsdp2_padded_numel(s, WORLD_SIZE) * FP32 for s in shapes]
+
+
+padded = padded_bytes(p.shape for p in model.parameters())
 root = comm.fsdp2_groups(model)[0]  # the root unit comes first
 kept = {"True": [], "False": padded, "2": [b // 2 for b in padded],
-        "None (default)": [comm.fsdp2_padded_numel(s, WORLD_SIZE) * 4 for s in root.shapes]}
+        "None (default)": padded_bytes(root.shapes)}
 held = {name: statistics.mean(r["memory"].held_after_forward_bytes for r in res)
         for name, res in results.items()}
 rows, extra_mib, peak_mib, step_ms = [], {}, {}, {}
 for name, res in results.items():
     extra, want = held[name] - held["True"], sum(kept[name])
-    # Tensors under glibc's mmap threshold may reuse heap pages that were already resident:
-    # they can go unseen (never double-counted), so they widen the tolerance.
+    # Tensors under glibc's mmap threshold may reuse heap pages that were already
+    # resident: they can go unseen (never double-counted), so they widen the tolerance.
     allowed = 0.1 * want + sum(b for b in kept[name] if b < MMAP_THRESHOLD) + NOISE
     extra_mib[name] = extra / MiB
     peak_mib[name] = max(r["memory"].peak_bytes for r in res) / MiB
     step_ms[name] = statistics.median(r["step_s"] for r in res) * 1e3
-    checks.expect(abs(extra - want) <= allowed, "memory", f"FSDP2 x{WORLD_SIZE}, "
-                  f"reshard_after_forward={name}", f"the forward left {extra / MiB:.2f} MiB more "
-                  f"than True's, expected {want / MiB:.2f} MiB (the parameters it keeps unsharded) "
-                  f"within {allowed / MiB:.2f} MiB.")
-    rows.append([name, extra / MiB, want / MiB, allowed / MiB, peak_mib[name], step_ms[name]])
-print(table(rows, ["setting", "kept after fwd MiB", "expected MiB", "allowed ± MiB", "step peak MiB",
-                   "step time ms"],
-            formats={"kept after fwd MiB": ".2f", "expected MiB": ".2f", "allowed ± MiB": ".2f",
-                     "step peak MiB": ".1f", "step time ms": ".0f"}))
+    checks.expect(abs(extra - want) <= allowed, "memory",
+                  f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}",
+                  f"the forward left {extra / MiB:.2f} MiB more than True's, expected "
+                  f"{want / MiB:.2f} MiB (the parameters it keeps unsharded) within "
+                  f"{allowed / MiB:.2f} MiB.")
+    rows.append([name, ledger.claim(claim_name(name, "kept_after_forward"),
+                                    round(extra / MiB, 2), "MiB",
+                                    guard="asserted: memory", **SETUP),
+                 want / MiB, allowed / MiB, peak_mib[name], step_ms[name]])
+MIB_COLUMNS = ["kept after fwd MiB", "expected MiB", "allowed ± MiB"]
+print(table(rows, ["setting", *MIB_COLUMNS, "step peak MiB", "step time ms"],
+            formats=dict.fromkeys(MIB_COLUMNS, ".2f")
+            | {"step peak MiB": ".1f", "step time ms": ".0f"}))
 
 # %%
 # The trade-off in one figure
@@ -247,15 +293,15 @@ x = range(len(names))
 fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(11, 3.8))
 fwd = [counts[n]["forward"] for n in names]
 ax1.bar(x, fwd, color=Strategy.FSDP2.color, alpha=0.45, label="forward")
-ax1.bar(x, [counts[n]["backward"] for n in names], bottom=fwd, color=Strategy.FSDP2.color,
-        label="backward")
+ax1.bar(x, [counts[n]["backward"] for n in names], bottom=fwd,
+        color=Strategy.FSDP2.color, label="backward")
 ax1.set_ylabel("all-gathers per step")
 ax1.legend(loc="lower right")
 w = 0.38
 ax2.bar([i - w / 2 for i in x], [extra_mib[n] for n in names], w, color=MEMORY_COLOR,
         label="kept after forward (beyond True)")
-ax2.bar([i + w / 2 for i in x], [peak_mib[n] for n in names], w, color=MEMORY_COLOR, alpha=0.45,
-        label="step peak (above pre-forward level)")
+ax2.bar([i + w / 2 for i in x], [peak_mib[n] for n in names], w, color=MEMORY_COLOR,
+        alpha=0.45, label="step peak (above pre-forward level)")
 ax2.set_ylabel("MiB per rank")
 ax2.legend(loc="upper left", fontsize=9)
 ax3.bar(x, [step_ms[n] for n in names], color="#7f7f7f")

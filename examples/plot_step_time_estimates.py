@@ -18,8 +18,9 @@ Nothing here runs on several ranks: it is arithmetic on parameter shapes.
 # --------------------------------
 # The model's inputs are link rates and NCCL's own latency constants, each from a published source
 # (the table below prints them with their sources). The throughput of one GPU is an assumption, a
-# fraction of the H100's dense bf16 peak ("MFU"), in the range torchtitan reports for Llama-3-8B on
-# H100 without Float8 (arXiv 2410.06511).
+# fraction of the H100's dense bf16 peak ("MFU"): the high end of the range torchtitan reports for
+# Llama-3.1-8B on H100 without Float8 (also in the table). The high end is the cautious choice
+# here: the faster the compute, the less of it there is to hide communication behind.
 import math
 
 import matplotlib.pyplot as plt
@@ -29,24 +30,29 @@ from guide import checks, comm
 from guide.claims import Ledger
 from guide.comm import H100_NODE
 from guide.constants import CONSTANTS, cite
-from guide.memory import GPU_TOTAL_MEMORY_GIB, PRESETS, GiB, activation_bytes, per_rank_state_bytes
-from guide.memory import unsharded_param_bytes
+from guide.memory import (GPU_MEMORY_CONSTANTS, GPU_TOTAL_MEMORY_GIB, PRESETS, GiB,
+                          activation_bytes, per_rank_state_bytes, unsharded_param_bytes)
 from guide.plotting import style
 from guide.report import table
 from guide.sharding import Strategy
 
 ledger = Ledger("plot_step_time_estimates")
-CITED = ["h100.nvlink_bandwidth", "dgx_h100.nics", "ndr.nic_bandwidth", "nccl.tuning.base_latency",
-         "nccl.tuning.nvlink_step_latency", "nccl.tuning.network_step_latency",
-         "h100.dense_bf16_flops", "h100.memory_total"]
+CITED = ["dgx_h100.gpus", "h100.nvlink_bandwidth", "dgx_h100.nics", "ndr.nic_bandwidth",
+         "nccl.tuning.base_latency", "nccl.tuning.nvlink_step_latency",
+         "nccl.tuning.network_step_latency", "h100.dense_bf16_flops",
+         "h100.memory_total", "torchtitan.llama3-8b.mfu.low",
+         "torchtitan.llama3-8b.mfu.high"]
 print(table([[name, cite(ledger, name), CONSTANTS[name].unit, CONSTANTS[name].source]
-             for name in CITED], ["constant", "value", "unit", "source"], formats={"value": ",.15g"}))
+             for name in CITED], ["constant", "value", "unit", "source"],
+            formats={"value": ",.15g"}))
 PEAK_FLOPS = CONSTANTS["h100.dense_bf16_flops"].value
-MFU = 0.40  # assumed fraction of peak (see above)
+MFU = CONSTANTS["torchtitan.llama3-8b.mfu.high"].value  # assumed (see above)
 GPU = "H100 (80 GB)"
 CAPACITY = GPU_TOTAL_MEMORY_GIB[GPU] * GiB
 NODE = H100_NODE
-print(f"\nAssumed: {MFU:.0%} of the dense bf16 peak, {PEAK_FLOPS * MFU / 1e12:,.0f} TFLOP/s per GPU.")
+TFLOPS = ledger.claim("step_time.h100.assumed_tflops_per_gpu",
+                      round(PEAK_FLOPS * MFU / 1e12), "TFLOP/s", mfu=MFU)
+print(f"\nAssumed: {MFU:.0%} of the dense bf16 peak, {TFLOPS:,} TFLOP/s per GPU.")
 
 # %%
 # The model, checked against nccl-tests
@@ -62,23 +68,31 @@ rows = []
 for pub in comm.PUBLISHED_BUS_BANDWIDTH:
     model = comm.bus_bandwidth(pub.topology, pub.nodes * pub.topology.gpus_per_node,
                                algorithm=pub.algorithm)
-    checks.expect(pub.low <= model <= comm.BUSBW_FACTOR * pub.high, "busbw model", pub.what,
-                  f"the model gives {model / 1e9:.0f} GB/s, published {pub.low / 1e9:.0f}-"
-                  f"{pub.high / 1e9:.0f} GB/s; allowed 1-{comm.BUSBW_FACTOR}x ({pub.source}).")
+    published = f"{pub.low / 1e9:.0f}-{pub.high / 1e9:.0f}"
+    checks.expect(pub.low <= model <= comm.BUSBW_FACTOR * pub.high, "busbw model",
+                  pub.what, f"the model gives {model / 1e9:.0f} GB/s, published "
+                  f"{published} GB/s; allowed 1-{comm.BUSBW_FACTOR}x ({pub.source}).")
     gpu = {NODE: "h100", comm.A100_NODE: "a100"}[pub.topology]
-    ledger.claim(f"comm.busbw_model.all_reduce.{gpu}.{pub.nodes}x{pub.topology.gpus_per_node}",
-                 model, "bytes/s", guard="asserted: busbw model within BUSBW_FACTOR of nccl-tests",
-                 hardware=pub.topology.name)
-    rows.append([pub.what, pub.nodes, f"{pub.low / 1e9:.0f}-{pub.high / 1e9:.0f}", model / 1e9,
-                 model / pub.high, pub.source])
-print(table(rows, ["setup (all_reduce, large messages)", "nodes", "published GB/s", "model GB/s",
-                   "model/published", "source"],
+    ledger.claim(
+        f"comm.busbw_model.all_reduce.{gpu}.{pub.nodes}x{pub.topology.gpus_per_node}",
+        model, "bytes/s", hardware=pub.topology.name,
+        guard="asserted: busbw model within BUSBW_FACTOR of nccl-tests")
+    rows.append([pub.what, pub.nodes, published, model / 1e9, model / pub.high,
+                 pub.source])
+print(table(rows, ["setup (all_reduce, large messages)", "nodes", "published GB/s",
+                   "model GB/s", "model/published", "source"],
             formats={"model GB/s": ".0f", "model/published": ".2f"}))
-one_nic = comm.Topology("one NIC per node", 8, NODE.nvlink_bytes_per_s, 1, NODE.nic_bytes_per_s)
-two_nodes = next(p for p in comm.PUBLISHED_BUS_BANDWIDTH if p.nodes == 2 and p.topology is NODE)
-print(f"\nPricing every hop at one NIC's rate, as this site's earlier 'lower bound' did, gives "
-      f"{comm.bus_bandwidth(one_nic, 16) / 1e9:.0f} GB/s on 2 nodes: "
-      f"{two_nodes.low / comm.bus_bandwidth(one_nic, 16):.1f}x below what nccl-tests measures there.")
+G = NODE.gpus_per_node
+one_nic = comm.Topology("one NIC per node", G, NODE.nvlink_bytes_per_s, 1,
+                        NODE.nic_bytes_per_s)
+two_nodes = next(p for p in comm.PUBLISHED_BUS_BANDWIDTH
+                 if p.nodes == 2 and p.topology is NODE)
+one_nic_gbs = ledger.claim(f"comm.busbw_one_nic.all_reduce.h100.2x{G}",
+                           round(comm.bus_bandwidth(one_nic, 2 * G) / 1e9), "GB/s",
+                           hardware=one_nic.name)
+print(f"\nPricing every hop at one NIC's rate, as this site's earlier 'lower bound' "
+      f"did, gives {one_nic_gbs} GB/s on 2 nodes: "
+      f"{two_nodes.low / 1e9 / one_nic_gbs:.1f}x below what nccl-tests measures there.")
 
 # %%
 # Does it fit? Llama-3-70B, per GPU
@@ -102,37 +116,49 @@ BF16, FP32 = torch.bfloat16, torch.float32
 
 
 def fsdp2_buffer_bytes() -> int:
-    """FSDP2's transient buffers, not in the memory model: the root unit gathered (bf16, kept until
-    backward by default) with its bf16 gradients, two blocks gathered (current and prefetched) and
-    one block's bf16 gradients with their fp32 reduce-scatter input."""
+    """FSDP2's transient buffers, not in the memory model: the root gathered (bf16, kept
+    until backward) with its bf16 gradients, two blocks gathered (current, prefetched),
+    one block's bf16 gradients and their fp32 reduce-scatter input."""
     root, block = (sum(math.prod(s) for s in unit) for unit in UNITS[:2])
-    return root * (2 + 2) + block * (2 * 2 + 2 + 4)
+    bf16, fp32 = BF16.itemsize, FP32.itemsize
+    return root * (bf16 + bf16) + block * (2 * bf16 + bf16 + fp32)
 
 
 def state_bytes(strategy: Strategy, n: int) -> int:
-    """Model state per GPU (and the unsharded parameters ``reshard_after_forward=False`` keeps)."""
-    held = per_rank_state_bytes(SHAPES, strategy, n, PRECISION, OPTIMIZER, ddp_buckets=True).total
+    """Model state per GPU, plus what ``reshard_after_forward=False`` keeps."""
+    held = per_rank_state_bytes(SHAPES, strategy, n, PRECISION, OPTIMIZER,
+                                ddp_buckets=True).total
     if strategy is Strategy.FSDP2_NO_RESHARD:
         held += unsharded_param_bytes(SHAPES, n, PRECISION)
     return held
 
 
 def fit(strategy: Strategy, n: int, seq: int) -> tuple[str, float, bool]:
-    """("fits" / "fits with full AC" / "does not fit", headroom in bytes, recompute needed)."""
+    """(verdict, headroom in bytes, whether it recomputes) for a ``seq``-token one."""
     held = state_bytes(strategy, n)
     for label, checkpointing in (("fits", "none"), ("fits with full AC", "full")):
-        headroom = CAPACITY - held - activation_bytes(ARCH, seq, 1, checkpointing=checkpointing)
+        act = activation_bytes(ARCH, seq, 1, checkpointing=checkpointing)
+        headroom = CAPACITY - held - act
         if headroom >= 0:
             return label, headroom, checkpointing == "full"
     return "does not fit", headroom, True
 
 
 BUFFERS = fsdp2_buffer_bytes()
-print(f"{ARCH.n_params / 1e9:.2f}e9 parameters; activations of one {SEQ:,}-token sequence: "
-      f"{activation_bytes(ARCH, SEQ, 1) / GiB:,.1f} GiB without recomputation, "
-      f"{activation_bytes(ARCH, SEQ, 1, checkpointing='full') / GiB:.1f} GiB with full activation "
-      "checkpointing; "
-      f"FSDP2's buffers (not in the model): {BUFFERS / GiB:.1f} GiB.\n")
+PARAMS = ledger.claim("llama-3-70b.params", ARCH.n_params, "parameters")
+ACT = {ac: ledger.claim(
+           f"llama-3-70b.activations_per_gpu.s{SEQ}"
+           + ("" if ac == "none" else ".full_ac"),
+           round(activation_bytes(ARCH, SEQ, 1, checkpointing=ac) / GiB, 1), "GiB",
+           seq_len=SEQ, micro_batch=1, checkpointing=ac)
+       for ac in ("none", "full")}
+BUFFERS_GIB = ledger.claim("llama-3-70b.fsdp2.transient_buffers_per_gpu",
+                           round(BUFFERS / GiB, 1), "GiB", precision=PRECISION,
+                           counts="root + two blocks gathered, one block's gradients")
+print(f"{PARAMS / 1e9:.2f}e9 parameters; activations of one {SEQ:,}-token sequence: "
+      f"{ACT['none']:,.1f} GiB without recomputation, {ACT['full']:.1f} GiB with full "
+      "activation checkpointing; FSDP2's buffers (not in the model): "
+      f"{BUFFERS_GIB:.1f} GiB.\n")
 
 # %%
 # Step time estimates, one long sequence per GPU
@@ -147,7 +173,7 @@ print(f"{ARCH.n_params / 1e9:.2f}e9 parameters; activations of one {SEQ:,}-token
 # is the larger of the two, a lower bound on the real step.
 NODES = (1, 2, 4, 16, 64)
 HSDP_SHARDS = (8, 16)
-GROUPS = comm.fsdp2_unit_groups(UNITS)  # fully_shard's default: the root kept, every block resharded
+GROUPS = comm.fsdp2_unit_groups(UNITS)  # fully_shard's default: only the root kept
 NO_RESHARD = comm.fsdp2_unit_groups(UNITS, reshard_after_forward=False)
 
 
@@ -160,12 +186,12 @@ def comm_seconds(config: str, n: int) -> float:
     if config == Strategy.FSDP2_NO_RESHARD.label:
         return comm.step_seconds(comm.fsdp2_step(NO_RESHARD, n, BF16, FP32), NODE)
     shard = int(config.removeprefix("HSDP, shard "))
-    return comm.step_seconds(comm.hsdp_step(GROUPS, shard, n // shard, BF16, FP32), NODE,
-                             all_reduce_stride=shard)
+    return comm.step_seconds(comm.hsdp_step(GROUPS, shard, n // shard, BF16, FP32),
+                             NODE, all_reduce_stride=shard)
 
 
 def memory_strategy(config: str) -> tuple[Strategy, int]:
-    """The strategy and world size whose model state a configuration holds (HSDP: FSDP2 at s)."""
+    """The strategy and world size whose model state ``config`` holds."""
     if config.startswith("HSDP"):
         return Strategy.FSDP2, int(config.removeprefix("HSDP, shard "))
     return Strategy.parse(config), 0
@@ -176,7 +202,7 @@ CONFIGS = [Strategy.DDP.label, Strategy.FSDP2.label, Strategy.FSDP2_NO_RESHARD.l
 rows, priced = [], {}
 for config in CONFIGS:
     for k in NODES:
-        n = 8 * k
+        n = G * k
         strategy, shard = memory_strategy(config)
         if shard and n <= shard:  # HSDP needs 2+ replicas of its shard group
             continue
@@ -186,26 +212,52 @@ for config in CONFIGS:
                "compute s": None, "step s": None, "comm/compute": None}
         if verdict != "does not fit":
             communication = comm_seconds(config, n)
-            compute = comm.compute_seconds(ARCH.n_params, SEQ, PEAK_FLOPS, MFU, recompute)
+            compute = comm.compute_seconds(ARCH.n_params, SEQ, PEAK_FLOPS, MFU,
+                                           recompute)
             priced[config, k] = (communication, compute)
             row |= {"buffers fit": "yes" if headroom >= BUFFERS else "tight",
                     "comm s": communication, "compute s": compute,
-                    "step s": max(communication, compute), "comm/compute": communication / compute}
+                    "step s": max(communication, compute),
+                    "comm/compute": communication / compute}
         rows.append(row)
 print(table(rows, formats={"headroom GiB": ".1f", "comm s": ".2f", "compute s": ".2f",
                            "step s": ".2f", "comm/compute": ".0%"}))
-checks.expect(all(r["step s"] is None for r in rows if r["memory"] == "does not fit"), "feasibility",
-              "70B time table", "a configuration that does not fit was priced.")
-checks.expect(not any(r["memory"] == "fits" for r in rows), "feasibility", "70B time table",
-              f"a {SEQ:,}-token sequence fits without recomputation; the prose says it does not.")
-never = [c for c in CONFIGS
-         if all(r["memory"] == "does not fit" for r in rows if r["configuration"] == c)]
-fsdp2 = [priced[Strategy.FSDP2.label, k] for k in NODES if (Strategy.FSDP2.label, k) in priced]
+RUN = "70B time table"
+checks.expect(all(r["step s"] is None for r in rows if r["memory"] == "does not fit"),
+              "feasibility", RUN, "a configuration that does not fit was priced.")
+checks.expect(not any(r["memory"] == "fits" for r in rows), "feasibility", RUN,
+              f"a {SEQ:,}-token sequence fits without recomputing, against the prose.")
+never = [c for c in CONFIGS if all(r["memory"] == "does not fit"
+                                   for r in rows if r["configuration"] == c)]
+# Each "never" has a reason that needs no search over N: what every GPU holds at any N
+# (HSDP: its shard group's FSDP2 state, with the activations of full checkpointing).
+full_ac, kept = (activation_bytes(ARCH, SEQ, 1, checkpointing="full"),
+                 unsharded_param_bytes(SHAPES, 1, PRECISION))
+at_any_n = {Strategy.DDP.label: state_bytes(Strategy.DDP, 1),
+            Strategy.FSDP2_NO_RESHARD.label: kept,
+            **{f"HSDP, shard {s}": state_bytes(Strategy.FSDP2, s) + full_ac
+               for s in HSDP_SHARDS}}
+checks.expect(all(at_any_n.get(c, 0) > CAPACITY for c in never), "feasibility", RUN,
+              f"{never} never fit, but not all hold more than {CAPACITY / GiB:.1f} GiB "
+              "at any N.")
+ESTIMATE = dict(model="llama-3-70b", seq_len=SEQ, micro_batch=1, precision=PRECISION,
+                hardware=NODE.name, mfu=MFU, nodes=", ".join(map(str, NODES)))
+never = ledger.claim("step_time.llama-3-70b.never_fits", "; ".join(never),
+                     "configurations", guard="asserted: feasibility", **ESTIMATE)
+fsdp2 = [priced[Strategy.FSDP2.label, k] for k in NODES
+         if (Strategy.FSDP2.label, k) in priced]
 hidden = all(c < t for c, t in fsdp2)
-print(f"\nNever fits: {', '.join(never)}. No sequence of {SEQ:,} tokens fits without recomputation. "
-      f"Where FSDP2 fits, its communication estimate is {min(c for c, _ in fsdp2):.2f}-"
-      f"{max(c for c, _ in fsdp2):.2f} s per step against {fsdp2[0][1]:.1f} s of compute: "
-      + ("at one long sequence per GPU, its collectives can hide behind compute." if hidden else
+low, high, compute = (
+    ledger.claim(f"step_time.llama-3-70b.fsdp2.{name}", round(v, digits),
+                 "s per step (estimate)", **ESTIMATE)
+    for name, v, digits in (("comm_s.min", min(c for c, _ in fsdp2), 2),
+                            ("comm_s.max", max(c for c, _ in fsdp2), 2),
+                            ("compute_s", fsdp2[0][1], 1)))
+print(f"\nNever fits: {never}. No sequence of {SEQ:,} tokens fits without "
+      "recomputation. Where FSDP2 fits, its communication estimate is "
+      f"{low:.2f}-{high:.2f} s per step against {compute:.1f} s of compute: "
+      + ("at one long sequence per GPU, its collectives can hide behind compute."
+         if hidden else
          "communication exceeds compute somewhere, overlap cannot hide it all."))
 
 # %%
@@ -225,38 +277,52 @@ print(f"\nNever fits: {', '.join(never)}. No sequence of {SEQ:,} tokens fits wit
 # HSDP's all-reduce is paid once. The shard group must hold the model: two nodes or more for
 # Llama-3-70B on these GPUs (see above).
 BATCH_TOKENS = 2**22  # 4M tokens per optimizer step
-BATCHES_TOKENS_LABEL = f"{BATCH_TOKENS:,}"
 SEQ_SCAN = 4096
-SCAN_NODES = [2**i for i in range(1, 8) if 8 * 2**i * SEQ_SCAN <= BATCH_TOKENS]
+SCAN_NODES = [2**i for i in range(1, 8) if G * 2**i * SEQ_SCAN <= BATCH_TOKENS]
 SCAN_SHARDS = (16, 32, 64)
-checks.expect(all(fit(Strategy.FSDP2, s, SEQ_SCAN)[0] != "does not fit" for s in SCAN_SHARDS),
-              "feasibility", "HSDP scan", "an HSDP shard group of the scan does not fit.")
-unsharded_grads = unsharded_param_bytes(SHAPES, 16, PRECISION)  # bf16, as the unsharded parameters
-checks.expect(unsharded_grads > CAPACITY, "feasibility", "HSDP scan", "unsharded gradients would "
-              "fit: skipping the reduce-scatter between micro-batches becomes an option.")
-print(f"Unsharded bf16 gradients of the whole model: {unsharded_grads / GiB:,.0f} GiB per GPU, more "
-      f"than the {CAPACITY / GiB:.1f} GiB of an {GPU}: every micro-batch reduce-scatters.\n")
+checks.expect(all(fit(Strategy.FSDP2, s, SEQ_SCAN)[0] != "does not fit" for s in
+                  SCAN_SHARDS), "feasibility", "HSDP scan", "a shard group won't fit.")
+unsharded = unsharded_param_bytes(SHAPES, 2 * G, PRECISION)  # bf16 gradients: as much
+checks.expect(unsharded > CAPACITY, "feasibility", "HSDP scan", "unsharded gradients "
+              "fit: skipping the reduce-scatter between micro-batches is an option.")
+unsharded = ledger.claim("llama-3-70b.unsharded_params_per_gpu",
+                         round(unsharded / GiB, 1), "GiB",
+                         guard="asserted: feasibility", precision=PRECISION)
+capacity_gib = ledger.claim(f"{GPU_MEMORY_CONSTANTS[GPU].split('.')[0]}"
+                            ".memory_total_gib", round(CAPACITY / GiB, 1), "GiB")
+print("Unsharded bf16 gradients of the whole model (as many bytes as its unsharded "
+      f"bf16 parameters): {unsharded:,.1f} GiB per GPU, more than the "
+      f"{capacity_gib:.1f} GiB of an {GPU}: every micro-batch reduce-scatters.\n")
 
 
 def scan_seconds(config: str, k: int) -> tuple[float, float]:
     """(communication, compute) per optimizer step on ``k`` nodes, estimated."""
-    n = 8 * k
+    n = G * k
     micro = BATCH_TOKENS // (n * SEQ_SCAN)
-    compute = micro * comm.compute_seconds(ARCH.n_params, SEQ_SCAN, PEAK_FLOPS, MFU, recompute=True)
+    compute = micro * comm.compute_seconds(ARCH.n_params, SEQ_SCAN, PEAK_FLOPS, MFU,
+                                           recompute=True)
     if config == Strategy.FSDP2.label:
         return micro * comm_seconds(config, n), compute
     shard = int(config.removeprefix("HSDP, shard "))
     per_micro = comm.step_seconds(comm.fsdp2_step(GROUPS, shard, BF16, FP32), NODE)
-    once = comm.step_seconds([c for c in comm.hsdp_step(GROUPS, shard, n // shard, BF16, FP32)
-                              if c.kind == "all_reduce"], NODE, all_reduce_stride=shard)
+    step = comm.hsdp_step(GROUPS, shard, n // shard, BF16, FP32)
+    once = comm.step_seconds([c for c in step if c.kind == "all_reduce"], NODE,
+                             all_reduce_stride=shard)
     return micro * per_micro + once, compute
 
 
-SCAN_CONFIGS = [Strategy.FSDP2.label, *(f"HSDP, shard {s}" for s in SCAN_SHARDS)]
-share = {c: [None if c != SCAN_CONFIGS[0] and 8 * k <= int(c.split()[-1])  # needs 2+ replicas
-             else (lambda t: t[0] / t[1])(scan_seconds(c, k)) for k in SCAN_NODES]
-         for c in SCAN_CONFIGS}
-print(table([[k, 8 * k, BATCH_TOKENS // (8 * k * SEQ_SCAN), scan_seconds(SCAN_CONFIGS[0], k)[1],
+def share_of_compute(config: str, k: int) -> float | None:
+    """Communication over compute per step; ``None`` where HSDP has one replica."""
+    if config.startswith("HSDP") and G * k <= int(config.split()[-1]):
+        return None
+    communication, compute = scan_seconds(config, k)
+    return communication / compute
+
+
+FSDP2 = Strategy.FSDP2.label
+SCAN_CONFIGS = [FSDP2, *(f"HSDP, shard {s}" for s in SCAN_SHARDS)]
+share = {c: [share_of_compute(c, k) for k in SCAN_NODES] for c in SCAN_CONFIGS}
+print(table([[k, G * k, BATCH_TOKENS // (G * k * SEQ_SCAN), scan_seconds(FSDP2, k)[1],
               *(share[c][i] for c in SCAN_CONFIGS)] for i, k in enumerate(SCAN_NODES)],
             ["nodes", "GPUs", "micro-batches", "compute s/step", *SCAN_CONFIGS],
             formats={"compute s/step": ".1f", **dict.fromkeys(SCAN_CONFIGS, ".1%")},
@@ -266,23 +332,39 @@ print(table([[k, 8 * k, BATCH_TOKENS // (8 * k * SEQ_SCAN), scan_seconds(SCAN_CO
 def beats_from(config: str) -> int | None:
     """The smallest node count from which ``config``'s estimate stays below FSDP2's."""
     for i, k in enumerate(SCAN_NODES):
-        if all(h is not None and h < f for h, f in zip(share[config][i:], share[SCAN_CONFIGS[0]][i:])):
+        if all(h is not None and h < f
+               for h, f in zip(share[config][i:], share[FSDP2][i:])):
             return k
     return None
 
 
-wins = {c: beats_from(c) for c in SCAN_CONFIGS[1:]}
-for c, k in wins.items():
-    ledger.claim(f"step_time.{c.lower().replace(', ', '_').replace(' ', '')}.beats_fsdp2_from",
-                 "never" if k is None else k, "nodes", guard="computed", model="llama-3-70b",
-                 batch_tokens=BATCHES_TOKENS_LABEL, seq_len=SEQ_SCAN, hardware=NODE.name)
-bound = [k for k, r in zip(SCAN_NODES, share[SCAN_CONFIGS[0]]) if r > 1]
-print("\nEstimates: " + "; ".join(f"{c} beats FSDP2 from {k} nodes on" if k else
-                                  f"{c} never beats FSDP2 in this scan" for c, k in wins.items())
+def claim_key(config: str) -> str:
+    """``"HSDP, shard 16"`` -> ``"hsdp_shard16"``, for claim names."""
+    return config.lower().replace(", ", "_").replace(" ", "")
+
+
+SCAN = dict(model="llama-3-70b", batch_tokens=f"{BATCH_TOKENS:,}", seq_len=SEQ_SCAN,
+            hardware=NODE.name, mfu=MFU)
+wins = {c: ledger.claim(f"step_time.{claim_key(c)}.beats_fsdp2_from",
+                        beats_from(c) or "never", "nodes", guard="computed", **SCAN)
+        for c in SCAN_CONFIGS[1:]}
+# The figure's title: at the largest scale of the scan, every HSDP estimate is below
+# FSDP2's.
+last = {c: ledger.claim(f"step_time.{claim_key(c)}.comm_share.{SCAN_NODES[-1]}_nodes",
+                        round(share[c][-1], 3), "of compute (estimate)",
+                        guard="asserted: HSDP scan", **SCAN)
+        for c in SCAN_CONFIGS}
+checks.expect(all(last[c] < last[FSDP2] for c in SCAN_CONFIGS[1:]), "HSDP scan",
+              f"{SCAN_NODES[-1]} nodes", f"communication shares {last}: the figure's "
+              "title says every HSDP configuration needs less than FSDP2.")
+bound = [k for k, r in zip(SCAN_NODES, share[FSDP2]) if r > 1]
+print("\nEstimates: "
+      + "; ".join(f"{c} never beats FSDP2 in this scan" if k == "never" else
+                  f"{c} beats FSDP2 from {k} nodes on" for c, k in wins.items())
       + ". " + (f"FSDP2 is communication-bound from {bound[0]} nodes." if bound else
-                "Communication stays below compute throughout: with perfect overlap none of them "
-                "slows the step; HSDP leaves less communication to hide, which counts where "
-                "overlap is imperfect."))
+                "Communication stays below compute throughout: with perfect overlap "
+                "none of them slows the step; HSDP leaves less communication to hide, "
+                "which counts where overlap is imperfect."))
 
 # %%
 # The scan, drawn: the share of compute time each configuration spends communicating.
@@ -290,17 +372,18 @@ style()
 fig, ax = plt.subplots(figsize=(7.5, 4.4))
 HSDP_COLORS = {16: "#ff7f0e", 32: "#2ca02c", 64: "#8c564b"}
 for c in SCAN_CONFIGS:
-    color = Strategy.FSDP2.color if c == SCAN_CONFIGS[0] else HSDP_COLORS[int(c.split()[-1])]
+    fsdp2 = c == FSDP2
+    color = Strategy.FSDP2.color if fsdp2 else HSDP_COLORS[int(c.split()[-1])]
     ax.plot(SCAN_NODES, [math.nan if r is None else 100 * r for r in share[c]],
-            "o-" if c == SCAN_CONFIGS[0] else "s--",
-            color=color, lw=2 if c == SCAN_CONFIGS[0] else 1.3, ms=5, label=c)
+            "o-" if fsdp2 else "s--", color=color, lw=2 if fsdp2 else 1.3, ms=5,
+            label=c)
 ax.set_xscale("log", base=2)
 ax.set_xticks(SCAN_NODES, [str(k) for k in SCAN_NODES])
 ax.set_ylim(bottom=0)
-ax.set_xlabel("nodes of 8 × H100 (8 × 400 Gb/s NICs each)")
+ax.set_xlabel(f"nodes of {NODE.name}")
 ax.set_ylabel("communication / compute per step (%)")
-ax.set_title(f"Llama-3-70B, {BATCH_TOKENS / 2**20:.0f}M tokens per step: HSDP needs less "
-             "communication at scale (estimate)", fontsize=11)
+ax.set_title(f"Llama-3-70B, {BATCH_TOKENS / 2**20:.0f}M tokens per step: HSDP needs "
+             "less communication at scale (estimate)", fontsize=11)
 ax.legend(loc="upper left", fontsize=9)
 plt.show()
 

@@ -1,4 +1,8 @@
-"""The checks themselves: they pass on what is right and fail, by name, on what is wrong."""
+"""The checks on real models: layouts read from FSDP2 and DDP models that ran, a loss that became
+inf, and the clear errors for inputs the guide cannot use.
+
+The negative tests of each guard on hand-made inputs (every way it can be fooled) are in
+tests/checks/."""
 
 from __future__ import annotations
 
@@ -52,47 +56,6 @@ def test_unsharded_model_fails_the_sharding_check_by_name() -> None:
     with pytest.raises(checks.CheckFailed, match=r"\[sharding\] FSDP2 x2: tok_emb.weight on rank 0 "
                                                  r"is a plain tensor.*fully_shard was not applied"):
         checks.assert_sharded("FSDP2 x2", layouts, 2)
-
-
-def test_wrong_shard_shape_is_named() -> None:
-    lay = dtensor.ParamLayout("w", 1, True, "(Shard(dim=0),)", (127, 4), (64, 4))
-    good = dtensor.ParamLayout("w", 0, True, "(Shard(dim=0),)", (127, 4), (64, 4))
-    with pytest.raises(checks.CheckFailed, match=r"w on rank 1 holds a local shard of shape "
-                                                 r"\(64, 4\); .* gives \(63, 4\)"):
-        checks.assert_sharded("x", [good, lay], 2)
-
-
-def test_replicated_placement_is_not_sharding() -> None:
-    lays = [dtensor.ParamLayout("w", r, True, "(Replicate(),)", (4, 4), (4, 4)) for r in (0, 1)]
-    with pytest.raises(checks.CheckFailed, match=r"placements \(Replicate\(\),\), expected"):
-        checks.assert_sharded("x", lays, 2)
-
-
-def test_loss_check_names_the_first_divergent_step_and_catches_nan() -> None:
-    ref = [3.0, 2.5, 2.0]
-    assert checks.assert_losses_match("ok", ref, [3.0, 2.5 + 1e-7, 2.0]) == pytest.approx(1e-7)
-    with pytest.raises(checks.CheckFailed, match=r"from step 1 on.*averaged \(not summed\)"):
-        checks.assert_losses_match("run", ref, [3.0, 2.4, 1.0])
-    with pytest.raises(checks.CheckFailed, match=r"from step 0 on.*forward pass already differs"):
-        checks.assert_losses_match("run", ref, [3.1, 2.5, 2.0])
-    with pytest.raises(checks.CheckFailed, match="from step 2 on"):
-        checks.assert_losses_match("run", ref, [3.0, 2.5, math.nan])
-
-
-def test_param_check_names_the_worst_parameter() -> None:
-    ref = {"a": torch.zeros(3), "b": torch.zeros(2)}
-    got = {"a": torch.tensor([0.0, 1e-7, 0.0]), "b": torch.tensor([0.0, 5e-3])}
-    with pytest.raises(checks.CheckFailed, match=r"\[parameter equivalence\] run: b differs .* 5.00e-03"):
-        checks.assert_params_match("run", ref, got, 1e-6)
-    with pytest.raises(checks.CheckFailed, match="missing"):
-        checks.assert_params_match("run", ref, {"a": ref["a"]}, 1e-6)
-
-
-def test_replicas_that_drift_apart_are_caught() -> None:
-    a = {"w": torch.ones(2)}
-    checks.assert_ranks_agree("ok", [a, {"w": torch.ones(2)}])
-    with pytest.raises(checks.CheckFailed, match=r"\[replica consistency\].*not synchronised"):
-        checks.assert_ranks_agree("run", [a, {"w": torch.tensor([1.0, 1.5])}])
 
 
 def test_non_finite_loss_stops_training() -> None:

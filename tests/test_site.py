@@ -500,6 +500,7 @@ def test_download_zips_hold_every_example_unchanged():
             assert files[name].read_bytes() == data, f"{zip_name}: {name} differs from its download"
 
 
+@pytest.mark.timeout(1500)  # the module's fresh venv (pip: <= 900 s) + the script (<= 600 s)
 @pytest.mark.parametrize("example", _selected_examples())
 def test_download_script_runs_in_a_fresh_venv(example, fresh_venv, tmp_path):
     """The downloaded ``.py`` runs with ``python`` in the reader's venv and its asserts pass."""
@@ -522,6 +523,7 @@ print("cells executed:", sum(c.cell_type == "code" for c in nb.cells))
 """
 
 
+@pytest.mark.timeout(1800)  # the module's fresh venv (pip: <= 900 s) + the notebook (<= 900 s)
 @pytest.mark.parametrize("example", _selected_examples())
 def test_download_notebook_executes_in_a_fresh_venv(example, fresh_venv, tmp_path):
     """The downloaded ``.ipynb`` executes top to bottom (nbclient, the venv's kernel) without a

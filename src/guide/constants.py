@@ -36,12 +36,16 @@ _ALL = (
              "NVIDIA H100 SXM datasheet: NVLink 900 GB/s per GPU, bidirectional"),
     Constant("h100.dense_bf16_flops", 989e12, "FLOP/s",
              "NVIDIA H100 SXM datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, half dense"),
+    Constant("dgx_h100.gpus", 8, "GPUs per node",
+             "NVIDIA DGX H100 datasheet: 8 x H100 Tensor Core GPUs, joined by NVLink switches"),
     Constant("dgx_h100.nics", 8, "NICs per node",
              "NVIDIA DGX H100 datasheet: 8 x single-port ConnectX-7, one per GPU"),
     Constant("ndr.nic_bandwidth", 50e9, "bytes/s per NIC per direction",
              "InfiniBand NDR / ConnectX-7: 400 Gb/s per port"),
     Constant("a100.nvlink_bandwidth", 300e9, "bytes/s per GPU per direction",
              "NVIDIA A100 SXM datasheet: NVLink 600 GB/s per GPU, bidirectional"),
+    Constant("dgx_a100.gpus", 8, "GPUs per node",
+             "NVIDIA DGX A100 datasheet: 8 x A100 Tensor Core GPUs, joined by NVSwitch"),
     Constant("dgx_a100.nics", 8, "NICs per node",
              "NVIDIA DGX A100 datasheet: 8 x single-port ConnectX-6 HDR for compute"),
     Constant("hdr.nic_bandwidth", 25e9, "bytes/s per NIC per direction",
@@ -118,6 +122,13 @@ _ALL = (
           ("table1.memory", 82.4, "GiB", "Table 1, Memory (peak reserved, max_reserved_gib)"),
           ("table3.world_size", 128, "GPUs", "Table 3"),
           ("table3.memory", 67.0, "GiB", "Table 3, Memory (peak reserved, max_reserved_gib)"))),
+    *(Constant(f"torchtitan.llama3-8b.mfu.{name}", v, "fraction of the dense bf16 peak",
+               "torchtitan, benchmarks/llama3_h100_202412_torchtitan.md "
+               "(https://github.com/pytorch/torchtitan/blob/main/benchmarks/"
+               "llama3_h100_202412_torchtitan.md): 'the 1D Llama 3.1 8B model training on 8 or "
+               "128 H100 GPUs without Float8 achieves 33% to 39% MFU' (FSDP, bf16, against the "
+               f"H100 SXM peak; footnote 2: its GPUs' real peak is lower); {what}")
+      for name, v, what in (("low", 0.33, "the low end"), ("high", 0.39, "the high end"))),
     *(Constant(f"lightning.fsdp_guide.{name}", v, unit,
                "Lightning Fabric's FSDP guide "
                "(https://lightning.ai/docs/fabric/2.1.0/advanced/model_parallel/fsdp.html): "

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from guide import constants
 from guide.memory import (
     GB,
+    GPU_MEMORY_CONSTANTS,
+    GPU_TOTAL_MEMORY_GIB,
     PRESETS,
     GiB,
     StateBytes,
@@ -18,6 +21,7 @@ from guide.memory import (
     unsharded_param_bytes,
     zero1_partition,
 )
+from guide.memory import predicted
 from guide.sharding import Strategy
 from guide.training import OPTIMIZERS
 
@@ -216,3 +220,16 @@ def test_min_world_size_is_the_first_n_that_fits():
 def test_bad_input_raises_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_gpu_totals_are_the_cited_constants_in_gib():
+    """The GPU sizes the pages price against are read from guide.constants (MiB, nvidia-smi's
+    total), not typed a second time; a constant given in another unit is refused by name."""
+    assert set(GPU_TOTAL_MEMORY_GIB) == set(GPU_MEMORY_CONSTANTS)
+    for gpu, key in GPU_MEMORY_CONSTANTS.items():
+        assert GPU_TOTAL_MEMORY_GIB[gpu] == constants.value(key) / 1024
+    wrong = constants.Constant("h100.memory_total", 80, "GB", "a datasheet")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(constants.CONSTANTS, "h100.memory_total", wrong)
+        with pytest.raises(ValueError, match="h100.memory_total must be in MiB"):
+            predicted._total_gib("h100.memory_total")

@@ -106,14 +106,24 @@ class Topology:
                                  f"{getattr(self, name)!r}.")
 
 
-#: A DGX H100 node: 8 × H100 SXM on NVLink, one ConnectX-7 NDR NIC (400 Gb/s) per GPU (cited
-#: constants ``h100.nvlink_bandwidth``, ``dgx_h100.nics``, ``ndr.nic_bandwidth``).
-H100_NODE = Topology("8 × H100 SXM, 8 × 400 Gb/s NICs", 8, value("h100.nvlink_bandwidth"),
-                     value("dgx_h100.nics"), value("ndr.nic_bandwidth"))
-#: A DGX A100 node: 8 × A100 SXM on NVLink, 8 ConnectX-6 HDR NICs (200 Gb/s) (cited constants
-#: ``a100.nvlink_bandwidth``, ``dgx_a100.nics``, ``hdr.nic_bandwidth``).
-A100_NODE = Topology("8 × A100 SXM, 8 × 200 Gb/s NICs", 8, value("a100.nvlink_bandwidth"),
-                     value("dgx_a100.nics"), value("hdr.nic_bandwidth"))
+def _dgx(gpu: str) -> Topology:
+    """A DGX node of ``gpu`` ("H100" or "A100") from the cited constants
+    ``<gpu>.nvlink_bandwidth``, ``dgx_<gpu>.gpus``, ``dgx_<gpu>.nics`` and its NIC's rate
+    (``ndr`` for H100, ``hdr`` for A100); its name spells out the NICs' rate in Gb/s, as
+    datasheets quote it."""
+    key, nic = gpu.lower(), {"H100": "ndr", "A100": "hdr"}[gpu]
+    gpus, nics, rate = (value(f"dgx_{key}.gpus"), value(f"dgx_{key}.nics"),
+                        value(f"{nic}.nic_bandwidth"))
+    return Topology(f"{gpus} × {gpu} SXM, {nics} × {rate * 8 / 1e9:.0f} Gb/s NICs", gpus,
+                    value(f"{key}.nvlink_bandwidth"), nics, rate)
+
+
+#: A DGX H100 node: 8 × H100 SXM on NVLink, one ConnectX-7 NDR NIC per GPU (cited constants
+#: ``h100.nvlink_bandwidth``, ``dgx_h100.gpus``, ``dgx_h100.nics``, ``ndr.nic_bandwidth``).
+H100_NODE = _dgx("H100")
+#: A DGX A100 node: 8 × A100 SXM on NVLink, 8 ConnectX-6 HDR NICs for compute (cited constants
+#: ``a100.nvlink_bandwidth``, ``dgx_a100.gpus``, ``dgx_a100.nics``, ``hdr.nic_bandwidth``).
+A100_NODE = _dgx("A100")
 
 
 def ranks_per_node(group_size: int, topology: Topology, stride: int = 1) -> int:

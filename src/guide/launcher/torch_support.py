@@ -14,7 +14,8 @@ from guide.launcher.errors import LaunchError
 
 __all__ = ["SUPPORTED_TORCH", "check_gloo_avg", "check_torch", "torch_version_ok"]
 
-#: The torch releases this guide supports (see README: why this lower bound).
+#: The torch releases this guide supports. Why this floor: the module docstring above, and the
+#: install page's "What breaks below the floor" (``docs/pages/install.md``).
 SUPPORTED_TORCH = ">=2.9"
 _MIN_TORCH = (2, 9)
 

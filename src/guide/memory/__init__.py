@@ -26,6 +26,7 @@ from guide.memory.peak import (
     prepare,
 )
 from guide.memory.predicted import (
+    GPU_MEMORY_CONSTANTS,
     GPU_TOTAL_MEMORY_GIB,
     PRECISIONS,
     WORLD_SIZES,
@@ -40,7 +41,8 @@ from guide.memory.predicted import (
 from guide.memory.state import GB, StateBytes, GiB
 
 __all__ = [
-    "GB", "GPU_TOTAL_MEMORY_GIB", "GiB", "MMAP_THRESHOLD", "PRECISIONS", "PRESETS", "WORLD_SIZES",
+    "GB", "GPU_MEMORY_CONSTANTS", "GPU_TOTAL_MEMORY_GIB", "GiB", "MMAP_THRESHOLD", "PRECISIONS",
+    "PRESETS", "WORLD_SIZES",
     "Architecture", "PeakMemory", "Precision", "StateBytes", "activation_bytes", "current_bytes",
     "data_segment_bytes", "is_prepared", "measure", "min_world_size", "param_shapes",
     "per_rank_state_bytes", "prepare", "reducer_bucket_bytes", "state_bytes_by_rank",

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from guide.constants import CONSTANTS
 from guide.memory.architectures import Architecture
 from guide.model import ModelConfig
 from guide.validate import positive_int
 
-__all__ = ["CHECKPOINTING", "KORTHIKANTI_BYTES", "Term", "activation_bytes",
-           "checkpointed_layer_bytes", "korthikanti_layer_bytes", "tinylm_layer_bytes",
-           "tinylm_terms"]
+__all__ = ["CHECKPOINTING", "KORTHIKANTI_BYTES", "KORTHIKANTI_SBH", "KORTHIKANTI_SCORES", "Term",
+           "activation_bytes", "checkpointed_layer_bytes", "korthikanti_layer_bytes",
+           "tinylm_layer_bytes", "tinylm_terms"]
 
 #: Activation-checkpointing policies the calculator prices: ``"none"`` keeps every activation,
 #: ``"full"`` keeps each block's input and recomputes the rest in backward.
@@ -48,6 +49,10 @@ CHECKPOINTING = ("none", "full")
 
 #: Bytes per activation element in Korthikanti's model (16-bit activations).
 KORTHIKANTI_BYTES = 2
+#: Eq. 1's two coefficients, cited in :data:`guide.constants.CONSTANTS`: bytes per ``s*b*h`` (34)
+#: and per ``a*s*s*b`` (5, the attention scores and their dropout).
+KORTHIKANTI_SBH = CONSTANTS["korthikanti.eq1.sbh_bytes"].value
+KORTHIKANTI_SCORES = CONSTANTS["korthikanti.eq1.scores_bytes"].value
 
 _FP32 = 4  # TinyLM runs in fp32; LayerNorm statistics and SDPA's log-sum-exp are fp32 as well
 
@@ -135,7 +140,8 @@ def korthikanti_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: 
     s, b = _sizes(seq_len, micro_batch)
     positive_int("hidden", hidden)
     positive_int("heads", heads)
-    return s * b * hidden * 34 + (0 if fused_attention else 5 * heads * s * s * b)
+    return (s * b * hidden * KORTHIKANTI_SBH
+            + (0 if fused_attention else KORTHIKANTI_SCORES * heads * s * s * b))
 
 
 def activation_bytes(arch: Architecture, seq_len: int, micro_batch: int, *,

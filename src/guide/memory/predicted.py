@@ -45,6 +45,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from guide.constants import CONSTANTS
 from guide.dtensor import chunk_sizes
 from guide.memory.activations import activation_bytes
 from guide.memory.architectures import Architecture, Shape
@@ -53,15 +54,29 @@ from guide.sharding import Strategy
 from guide.training import OPTIMIZERS, Optimizer
 from guide.validate import positive_int
 
-__all__ = ["GPU_TOTAL_MEMORY_GIB", "PRECISIONS", "WORLD_SIZES", "Precision", "min_world_size",
-           "per_rank_state_bytes", "state_bytes_by_rank", "state_bytes_for_count",
+__all__ = ["GPU_MEMORY_CONSTANTS", "GPU_TOTAL_MEMORY_GIB", "PRECISIONS", "WORLD_SIZES", "Precision",
+           "min_world_size", "per_rank_state_bytes", "state_bytes_by_rank", "state_bytes_for_count",
            "unsharded_param_bytes", "zero1_partition"]
 
-#: The *total* memory ``nvidia-smi`` reports for one GPU (``memory.total``), in GiB: H100 80GB HBM3
-#: 81,559 MiB, H200 143,771 MiB (what marketing calls "80 GB" and "141 GB"). It is not what training
-#: can use: the CUDA context, NCCL's buffers and the caching allocator's fragmentation take part of
-#: it, and none of them is predicted here. A configuration that "just fits" under it may not.
-GPU_TOTAL_MEMORY_GIB = {"H100 (80 GB)": 81_559 / 1024, "H200 (141 GB)": 143_771 / 1024}
+#: The cited constant (:data:`guide.constants.CONSTANTS`, in MiB, with its source) behind each
+#: GPU's entry in :data:`GPU_TOTAL_MEMORY_GIB`: a page that states a GPU's memory cites it with
+#: ``constants.cite(ledger, GPU_MEMORY_CONSTANTS[gpu])``.
+GPU_MEMORY_CONSTANTS = {"H100 (80 GB)": "h100.memory_total", "H200 (141 GB)": "h200.memory_total"}
+
+
+def _total_gib(constant: str) -> float:
+    c = CONSTANTS[constant]
+    if c.unit != "MiB":
+        raise ValueError(f"guide.constants: {constant} must be in MiB (nvidia-smi's unit), "
+                         f"not {c.unit}.")
+    return c.value / 1024
+
+
+#: The *total* memory ``nvidia-smi`` reports for one GPU (``memory.total``), in GiB, keyed by the
+#: GPU's marketing name. It is not what training can use: the CUDA context, NCCL's buffers and the
+#: caching allocator's fragmentation take part of it, and none of them is predicted here. A
+#: configuration that "just fits" under it may not.
+GPU_TOTAL_MEMORY_GIB = {gpu: _total_gib(key) for gpu, key in GPU_MEMORY_CONSTANTS.items()}
 
 #: The world sizes :func:`~guide.memory.min_world_size` tries by default: powers of two up to 1,024.
 WORLD_SIZES = tuple(2**k for k in range(11))
