@@ -48,7 +48,7 @@ def style() -> None:
 
 def gap_axis(ax: plt.Axes, gaps: Sequence[float], color: str, marker: str = "o",
              label: str | None = None) -> None:
-    """Draw ``gaps`` (|run - reference| per step) on a log axis; exact zeros sit on :data:`FLOOR`,
+    """Draw ``gaps`` (``|run - reference|`` per step) on a log axis; exact zeros sit on :data:`FLOOR`,
     marked "bitwise equal"."""
     ax.plot(range(len(gaps)), [max(g, FLOOR) for g in gaps], marker=marker, color=color, ms=4,
             lw=1, alpha=0.8, label=label)
