@@ -48,3 +48,19 @@ def test_public_api_is_re_exported_by_guide() -> None:
     assert all(getattr(guide, name) is getattr(launcher, name) for name in launcher.__all__)
     assert guide.SUPPORTED_TORCH == torch_support.SUPPORTED_TORCH
     assert guide.torch_version_ok is torch_support.torch_version_ok
+
+
+def _rank_id(rank):
+    return rank.rank
+
+
+def test_a_progress_line_per_job_on_request_and_none_otherwise(capfd, monkeypatch):
+    import guide
+
+    monkeypatch.setenv("GUIDE_PROGRESS", "1")
+    assert guide.launch(_rank_id, 2) == [0, 1]
+    err = capfd.readouterr().err
+    assert "[guide] _rank_id on 2 ranks ..." in err and "ranks: done in" in err
+    monkeypatch.setenv("GUIDE_PROGRESS", "0")
+    guide.launch(_rank_id, 2)
+    assert "[guide]" not in capfd.readouterr().err

@@ -25,6 +25,8 @@ and the gloo ``AVG`` self-check in ``guide.launcher.torch_support``.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -95,8 +97,22 @@ def launch(
         _positive_int("memory_limit_mib", memory_limit_mib)
     cores = os.cpu_count() or 1
     threads = threads_per_rank or max(1, cores // world_size)
-    return launch_local(fn, world_size, args, kwargs, deadline_s, collective_timeout_s, threads,
-                        memory_limit_mib)
+    name = getattr(fn, "__name__", type(fn).__name__)
+    _progress(f"[guide] {name} on {world_size} ranks ...")
+    started = time.monotonic()
+    results = launch_local(fn, world_size, args, kwargs, deadline_s, collective_timeout_s,
+                           threads, memory_limit_mib)
+    _progress(f"[guide] {name} on {world_size} ranks: done in {time.monotonic() - started:.1f} s")
+    return results
+
+
+def _progress(line: str) -> None:
+    """One progress line per job on a terminal (``python example.py``), so nobody wonders whether
+    it hangs; silent where output is captured (docs build, notebooks, CI logs) unless
+    ``GUIDE_PROGRESS=1``."""
+    if os.environ.get("GUIDE_PROGRESS") == "1" or (sys.stderr.isatty()
+                                                  and os.environ.get("GUIDE_PROGRESS") != "0"):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _positive_int(name: str, value: Any, what: str = "") -> None:
