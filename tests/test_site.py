@@ -326,8 +326,10 @@ def test_browser_search_finds_fully_shard(tmp_path):
     with serve(SITE) as base, browser(tmp_path, base) as context:
         page = context.new_page()
         page.goto(base + "search.html?q=fully_shard", wait_until="load")
-        page.wait_for_function(
-            "document.querySelectorAll('#search-results ul.search li').length > 0", timeout=30_000)
+        page.wait_for_function(  # results arrive page by page: wait for the search to finish
+            "document.querySelectorAll('#search-results ul.search li').length > 0 && "
+            "/found/i.test((document.querySelector('#search-results .search-summary') || "
+            "{textContent: ''}).textContent)", timeout=60_000)
         hits = page.eval_on_selector_all("#search-results ul.search li a",
                                          "els => els.map(a => a.getAttribute('href'))")
     assert any(MAIN_EXAMPLE in h for h in hits), f"the main example is not among the hits: {hits}"
