@@ -332,3 +332,4 @@ def bytes_chart(runs: dict, measured_wire: dict, world_size: int, unit: float = 
 
 fig = bytes_chart(MODELS, {n: row["gloo_wire"] for n, row in stats.items()}, WORLD_SIZE)
 plt.show()
+# sphinx_gallery_thumbnail_number = 1

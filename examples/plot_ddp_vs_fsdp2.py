@@ -213,6 +213,7 @@ fig = loss_comparison(
     tol=loss_tol,
 )
 plt.show()
+# sphinx_gallery_thumbnail_number = 1
 
 # %%
 # What each rank holds

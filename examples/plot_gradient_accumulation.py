@@ -278,3 +278,4 @@ for ax, values, xlabel, fmt in ((ax1, [count[key][REDUCE[key[0]]] for key in RUN
 fig.suptitle(f"Skipping the sync: {K}x fewer reductions; FSDP2 holds full gradients "
              f"meanwhile ({WORLD_SIZE} ranks)", fontsize=11)
 plt.show()
+# sphinx_gallery_thumbnail_number = 1

@@ -183,3 +183,4 @@ ax.set(ylim=(0, 1.5 * max(max(REF["norms"]), MAX_NORM)), xlabel="training step",
        title="clip_grad_norm_ on DTensors returns the global norm, not a shard's")
 ax.legend(loc="upper left", fontsize=9, ncols=2)
 plt.show()
+# sphinx_gallery_thumbnail_number = 1

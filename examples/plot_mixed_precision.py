@@ -347,6 +347,7 @@ ax.legend(loc="lower right", fontsize=9, ncols=2)
 ax.set_ylim(bottom=min((g for gap in gaps.values() for g in gap if g > 0),
                       default=FLOOR) / 3)
 plt.show()
+# sphinx_gallery_thumbnail_number = 1
 
 # %%
 # Why the master weights stay fp32

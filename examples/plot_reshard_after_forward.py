@@ -311,3 +311,4 @@ for ax in (ax1, ax2, ax3):
     ax.set_xlabel("reshard_after_forward")
 fig.suptitle(f"Fewer all-gathers cost memory ({WORLD_SIZE} gloo ranks)")
 plt.show()
+# sphinx_gallery_thumbnail_number = 1

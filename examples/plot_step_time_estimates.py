@@ -386,6 +386,7 @@ ax.set_title(f"Llama-3-70B, {BATCH_TOKENS / 2**20:.0f}M tokens per step: HSDP ne
              "less communication at scale (estimate)", fontsize=11)
 ax.legend(loc="upper left", fontsize=9)
 plt.show()
+# sphinx_gallery_thumbnail_number = 1
 
 # %%
 # What the estimate leaves out

@@ -1,0 +1,54 @@
+"""The gallery as a reader scans it: every example placed in the story, and a thumbnail it chose.
+
+sphinx-gallery takes an example's first figure as its thumbnail unless the script says
+``# sphinx_gallery_thumbnail_number = K``; a number past the last figure silently falls back to
+the first, so both are checked here, without building the site.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+from gallery_order import STORY  # noqa: E402
+
+EXAMPLES = sorted((ROOT / "examples").glob("plot_*.py"))
+_THUMB = re.compile(r"^# sphinx_gallery_thumbnail_number = (\d+)\s*$", re.M)
+
+
+def thumbnail_problems(source: str) -> list[str]:
+    """What is wrong with an example's thumbnail choice (empty: nothing)."""
+    figures = source.count("plt.subplots(") + source.count("plt.figure(")
+    chosen = [int(k) for k in _THUMB.findall(source)]
+    if figures == 0:
+        return ["draws no figure: the gallery shows a blank thumbnail"]
+    if len(chosen) != 1:
+        return [f"chooses its thumbnail {len(chosen)} times: say "
+                "'# sphinx_gallery_thumbnail_number = K' once, K the figure that carries the story"]
+    if not 1 <= chosen[0] <= figures:
+        return [f"thumbnail number {chosen[0]} is not one of its {figures} figure(s): "
+                "sphinx-gallery would silently take the first"]
+    return []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_chooses_a_thumbnail_it_draws(path: Path) -> None:
+    assert thumbnail_problems(path.read_text()) == []
+
+
+def test_thumbnail_guard_catches_a_missing_and_an_out_of_range_choice() -> None:
+    one_figure = "fig, ax = plt.subplots()\nplt.show()\n"
+    assert thumbnail_problems(one_figure + "# sphinx_gallery_thumbnail_number = 1\n") == []
+    assert "chooses its thumbnail 0 times" in thumbnail_problems(one_figure)[0]
+    assert "is not one of its 1 figure" in thumbnail_problems(
+        one_figure + "# sphinx_gallery_thumbnail_number = 2\n")[0]
+    assert "no figure" in thumbnail_problems("print('hi')\n")[0]
+
+
+def test_every_example_is_placed_in_the_story_once() -> None:
+    assert sorted(STORY) == sorted(p.name for p in EXAMPLES)
