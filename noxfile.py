@@ -24,9 +24,10 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = ["tests", "docs"]
 
-#: The Pythons the project supports and CI or the closing notes have run. The docs and test
-#: toolchain pinned in constraints.txt (Sphinx 9, NumPy 2.4, IPython 9) needs 3.11 or newer.
-SUPPORTED_PYTHONS = ("3.11", "3.12", "3.13")
+#: The Pythons the project supports and CI or the closing notes have run. On 3.10, constraints.txt
+#: pins the last releases that support it (Sphinx 8.1, NumPy 2.2, IPython 8: ``python_version``
+#: markers); 3.11 and newer get the current ones.
+SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 #: The torch releases the ``compat`` session runs: the floor pyproject.toml claims, and the newest
 #: the package index serves on these machines.
 COMPAT_TORCH = ("2.9.0", "2.14.1")

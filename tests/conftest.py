@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# Deselect what is not for this run, and fail a run in which a selected test skips.
+pytest_plugins = ("no_skips",)
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 MAIN_EXAMPLE = EXAMPLES / "plot_ddp_vs_fsdp2.py"

@@ -12,8 +12,9 @@ Three groups of tests:
 * The rest run in ``nox -s tests``: the link/image guard itself on a site with injected faults, and the
   Slurm batch script of the "Run it on your cluster" page, run under stand-ins for ``srun``/``scontrol``.
 
-The browser and download tests need a built site. They are skipped unless ``GUIDE_SITE_TESTS`` names
-them (the nox sessions set it); when it does, a missing site or browser is a failure, not a skip.
+The browser and download tests need a built site. They are deselected unless ``GUIDE_SITE_TESTS``
+names them (the nox sessions set it; see ``no_skips.py``); when it does, a missing site or browser is
+a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ DESKTOP = {"width": 1280, "height": 900}
 
 
 def _require(group: str) -> None:
-    """Skip unless ``group`` is enabled; when it is, the built site must exist."""
+    """Fail unless ``group`` is enabled (``no_skips`` deselects it otherwise) and the site is built."""
     if group not in ENABLED:
-        pytest.skip(f"needs the built site: run `nox -s docs` then `nox -s {group}` "
+        pytest.fail(f"needs the built site: run `nox -s docs` then `nox -s {group}` "
                     f"(or set GUIDE_SITE_TESTS={group})")
     if not (SITE / "index.html").is_file():
         pytest.fail(f"no built site at {SITE}: run `nox -s docs` first.")

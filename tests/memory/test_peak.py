@@ -93,7 +93,7 @@ def test_current_bytes_is_vmrss():
     assert with_x - current_bytes("cpu") >= 31 * MiB
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_peak_matches_a_tensor():
     with PeakMemory("cuda") as peak:
         x = torch.ones(16 * MiB // 4, device="cuda")
