@@ -78,7 +78,8 @@ print(f"Ψ = {PSI:,} parameters; FSDP2's buffers at {WORLD_SIZE} ranks hold {pad
 # :class:`guide.comm.CollectiveLog` is a context manager a worker opens around the steps it counts.
 # While it is open it wraps the collectives of ``torch.distributed`` and appends one
 # :class:`~guide.comm.Collective` per call. That sees FSDP2, which calls
-# ``dist.all_gather_single`` and ``dist.reduce_scatter_single`` through the module, and
+# ``dist.all_gather_single`` and ``dist.reduce_scatter_single`` through the module (on torch 2.9:
+# ``all_gather_into_tensor`` and ``reduce_scatter_tensor``; the log wraps both names), and
 # ``ZeroRedundancyOptimizer``, which broadcasts each updated parameter with ``dist.broadcast``.
 # It does **not** see DDP's all-reduce: DDP's reducer calls the process group from C++. Given a DDP
 # model, the log therefore registers the stock ``allreduce_hook`` as DDP's communication hook

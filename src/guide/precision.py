@@ -202,13 +202,15 @@ def collective_support(dtype: torch.dtype, group=None) -> dict[str, str]:
 
     def all_gather():
         out = torch.empty(2 * n * n, dtype=dtype)
-        dist.all_gather_single(out, x, group=group)
+        # all_gather_single / reduce_scatter_single: newer torch's names (2.9 has only *_tensor)
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x, group=group)
         return out, (ranks + 1).repeat_interleave(2 * n)
 
     def reduce_scatter(op, scale):
         def run():
             out = torch.empty(2, dtype=dtype)
-            dist.reduce_scatter_single(out, x.clone(), op=op, group=group)
+            (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(
+                out, x.clone(), op=op, group=group)
             return out, torch.full((2,), float((ranks + 1).sum()) * scale, dtype=torch.float64)
         return run
 

@@ -44,13 +44,14 @@ def world_of_one(tmp_path):
 
 
 def test_log_records_kind_dtype_bytes_and_phase(world_of_one):
-    originals = {name: getattr(dist, name) for name in ("all_reduce", "broadcast", "all_gather_single")}
+    all_gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    originals = {name: getattr(dist, name) for name in ("all_reduce", "broadcast", all_gather)}
     model = torch.nn.Linear(3, 3)
     model.register_forward_hook(lambda m, i, o: dist.broadcast(torch.zeros(7), src=0))
     with CollectiveLog(model) as log:
         dist.all_reduce(torch.zeros(10, dtype=torch.bfloat16))
         with log.phase("custom"):
-            dist.all_gather_single(torch.zeros(6), torch.zeros(6))
+            getattr(dist, all_gather)(torch.zeros(6), torch.zeros(6))
         model(torch.zeros(1, 3))
     assert log.records == [
         Collective("all_reduce", "bfloat16", 10, 20, None, 1),

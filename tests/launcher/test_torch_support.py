@@ -11,6 +11,10 @@ from guide.launcher import torch_support
 
 from .workers import sum_of_ranks
 
+#: The reduce-scatter check_gloo_avg calls: newer torch's name, or 2.9's.
+REDUCE_SCATTER = ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_single")
+                  else "reduce_scatter_tensor")
+
 # Per-test limit here (tighter than pyproject's): slowest measured 23 s (a subprocess that imports
 # guide and torch, or a session's first job with the fork server cold; 2 loaded cores).
 pytestmark = pytest.mark.timeout(60)
@@ -34,12 +38,12 @@ def test_gloo_avg_self_check_catches_a_summing_backend() -> None:
     """The launcher refuses a backend whose AVG reduce-scatter sums (pytorch#162338)."""
 
     def worker(rank: guide.Rank) -> None:
-        real = dist.reduce_scatter_single
+        real = getattr(dist, REDUCE_SCATTER)
 
         def summing(out, inp, op=dist.ReduceOp.SUM, **kw):
             return real(out, inp, op=dist.ReduceOp.SUM, **kw)
 
-        dist.reduce_scatter_single = summing
+        setattr(dist, REDUCE_SCATTER, summing)
         torch_support.check_gloo_avg(rank.rank, rank.world_size)
 
     with pytest.raises(guide.RankRaised, match=r"gloo AVG bug \(pytorch#162338\).*2x too large"):
@@ -48,13 +52,13 @@ def test_gloo_avg_self_check_catches_a_summing_backend() -> None:
 
 def test_gloo_avg_self_check_catches_a_nan() -> None:
     def worker(rank: guide.Rank) -> None:
-        real = dist.reduce_scatter_single
+        real = getattr(dist, REDUCE_SCATTER)
 
         def poisoned(out, inp, **kw):
             real(out, inp, **kw)
             out.fill_(float("nan"))
 
-        dist.reduce_scatter_single = poisoned
+        setattr(dist, REDUCE_SCATTER, poisoned)
         torch_support.check_gloo_avg(rank.rank, rank.world_size)
 
     with pytest.raises(guide.RankRaised, match=r"returned nan instead of the mean 0.5"):

@@ -1,0 +1,299 @@
+"""Mutation testing of the guards: does every check bite?
+
+mutmut 3 injects one-line bugs (*mutants*: ``<`` for ``<=``, ``and`` for ``or``, a string changed, an
+argument dropped...) into the functions in :data:`SCOPE`, one at a time, and runs the fast tests that
+cover each function (``[tool.mutmut]`` in pyproject.toml says which files are mutated and which
+tests run). A mutant that no test notices (*survived*, or *no tests*) is a bug in a guard that the
+build would let through. mutmut does not mutate module-level constants nor drop half of a
+condition, so :data:`HAND_MUTANTS` (the tolerances 10x looser and tighter, and the bugs of the
+audit that asked for this tool) are applied here, one at a time, to a copy of the package.
+
+Prints the kill rate per module (killed / all mutants; a timeout counts as killed, as mutmut counts
+it), lists every survivor with its mutated line and says which are explained (:data:`EQUIVALENT`:
+mutants that no caller can tell from the original). Exits 1 if a survivor is unexplained or a
+module is below :data:`TARGET`. mutmut's files go to ``mutants/`` (git-ignored), its log to
+``mutants/mutmut-run.log``.
+
+    python benchmarks/mutation.py                  # everything (nox -s mutation)
+    python benchmarks/mutation.py --reuse          # keep mutants/ (mutmut's test-coverage cache)
+    python benchmarks/mutation.py "guide.checks.x_assert_sharded*"   # some mutants, no hand ones
+
+Not part of CI: it is slow (the "took" line says how slow; launcher mutants run real ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from guide.report import table
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: What the report calls a module -> (its file, the mutmut mutant names it covers). Each file must
+#: be in pyproject.toml's ``[tool.mutmut] only_mutate``.
+SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
+    "guide.checks": ("src/guide/checks.py", ("guide.checks.*",)),
+    "guide.claims": ("src/guide/claims.py", ("guide.claims.*",)),
+    "guide.data.rank_slice": ("src/guide/data.py", ("guide.data.x_rank_slice__mutmut_*",)),
+    "guide.training.mean_over_ranks": ("src/guide/training.py",
+                                       ("guide.training.x_mean_over_ranks__mutmut_*",)),
+    # the launcher's failure paths: who failed, how, and the exception that says so
+    "guide.launcher.supervise": ("src/guide/launcher/supervise.py",
+                                 ("guide.launcher.supervise.*",)),
+    "guide.launcher.errors": ("src/guide/launcher/errors.py", ("guide.launcher.errors.*",)),
+}
+
+#: Kill rate every module must reach.
+TARGET = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
+class HandMutant:
+    """A bug mutmut does not make: ``old`` (unique in ``path``) becomes ``new``; ``tests`` (pytest
+    arguments) must fail."""
+
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+_EQ = ("tests/checks/test_equivalence.py",)
+_COMM = ("tests/checks/test_comm.py", "tests/checks/test_comm_edges.py")
+_LAUNCHER = ("tests/launcher/test_failure_records.py", "tests/launcher/test_supervise.py",
+             "--deselect=tests/launcher/test_supervise.py::"
+             "test_a_launcher_whose_deadline_never_fires_is_failed_by_the_timeout")
+_CHECKS, _SUPERVISE = "src/guide/checks.py", "src/guide/launcher/supervise.py"
+#: mutmut does not mutate module-level constants, nor delete half of a condition: the tolerances,
+#: each 10x looser and 10x tighter, and the bugs of the audit that asked for this tool (issue 19:
+#: LOSS_TOL 1e-5 -> 1e-2 and PARAM_TOL["sgd"] 1e-6 -> 1e-3 passed every test, and so did the
+#: others below), written by hand.
+HAND_MUTANTS: tuple[HandMutant, ...] = (
+    HandMutant(_CHECKS, "LOSS_TOL = 1e-5", "LOSS_TOL = 1e-4", _EQ),
+    HandMutant(_CHECKS, "LOSS_TOL = 1e-5", "LOSS_TOL = 1e-6", _EQ),
+    HandMutant(_CHECKS, '"sgd": 1e-6', '"sgd": 1e-5', _EQ),
+    HandMutant(_CHECKS, '"sgd": 1e-6', '"sgd": 1e-7', _EQ),
+    HandMutant(_CHECKS, '"adamw": 1e-3', '"adamw": 1e-2', _EQ),
+    HandMutant(_CHECKS, '"adamw": 1e-3', '"adamw": 1e-4', _EQ),
+    HandMutant(_CHECKS, "LEARN_MIN_DROP = 1e-3", "LEARN_MIN_DROP = 1e-4", _EQ),
+    HandMutant(_CHECKS, "LEARN_MIN_DROP = 1e-3", "LEARN_MIN_DROP = 1e-2", _EQ),
+    HandMutant(_CHECKS, "ELEMENT_TOL = 0.02", "ELEMENT_TOL = 0.2", _COMM),
+    HandMutant(_CHECKS, "ELEMENT_TOL = 0.02", "ELEMENT_TOL = 0.002", _COMM),
+    HandMutant(_CHECKS, "WIRE_TOL = 0.02", "WIRE_TOL = 0.2", _COMM),
+    HandMutant(_CHECKS, "WIRE_TOL = 0.02", "WIRE_TOL = 0.002", _COMM),
+    HandMutant("src/guide/claims.py", "REL_TOL = 1e-9", "REL_TOL = 1e-2",
+               ("tests/checks/test_ledger.py",)),
+    # a NaN parameter followed by a finite one passes
+    HandMutant(_CHECKS, "if math.isnan(gap) or gap > worst:", "if gap > worst:", _EQ),
+    # any Shard placement passes: (Shard(dim=1),)
+    HandMutant(_CHECKS, 'if lay.placements != "(Shard(dim=0),)":',
+               'if "Shard" not in lay.placements:', ("tests/checks/test_layouts.py",)),
+    # DDP parameters need not be plain tensors
+    HandMutant(_CHECKS, "if lay.is_dtensor:", "if False:", ("tests/checks/test_layouts.py",)),
+    # a collective kind the model does not have (an extra broadcast) passes
+    HandMutant(_CHECKS, "if set(got) != set(want):", "if not set(want) <= set(got):", _COMM),
+    # the global loss summed over the ranks, not averaged
+    HandMutant("src/guide/training.py", "math.fsum(step) / len(step)", "math.fsum(step)",
+               ("tests/checks/test_global_batch.py",)),
+    # a rank killed by a signal counts as a success
+    HandMutant(_SUPERVISE, "return self.exitcode is not None and self.exitcode != 0",
+               "return self.exitcode is not None and self.exitcode > 0", _LAUNCHER),
+    HandMutant(_SUPERVISE, "if proc.exitcode != 0 and first_failure is None:",
+               "if proc.exitcode > 0 and first_failure is None:", _LAUNCHER),
+    # no root-cause filter: a peer that only noticed the failure can take the blame
+    HandMutant(_SUPERVISE, "primary = [e for e in failed if not (e.error and "
+               '_PEER_GONE.search(e.error["message"]))]', "primary = failed", _LAUNCHER),
+)
+
+#: Survivors that are not bugs: (function, the mutated line as ``mutmut show`` prints it after its
+#: ``+``, stripped; why no caller can tell). A survivor counts as explained only if its function and
+#: mutated line both match, so an explanation goes stale (and the run fails) when the code changes.
+EQUIVALENT: tuple[tuple[str, str, str], ...] = (
+    ("guide.checks.x_assert_params_match", 'worst_name, worst = "XXXX", 0.0',
+     "worst_name is read only when worst > tol >= 0, and a parameter has set it by then"),
+    ("guide.checks.x_assert_replicas_identical", 'if got.shape == shard.shape else float("INF"))',
+     'float() reads "INF" as "inf"'),
+    ("guide.claims.x\u01c1Claim\u01c1same_as", "return math.isclose(a, b, abs_tol=0.0)",
+     "REL_TOL is 1e-9, math.isclose's default rel_tol"),
+    ("guide.claims.x\u01c1Claim\u01c1same_as", "return math.isclose(a, b, rel_tol=REL_TOL, )",
+     "0.0 is math.isclose's default abs_tol"),
+)
+
+_RESULT = re.compile(r"^\s+(\S+): (.+)$")
+_SPINNER = re.compile("[\u2800-\u28ff]")  # mutmut's progress spinner (braille)
+KILLED = {"killed", "timeout", "caught by type check"}
+
+
+def mutmut(*args: str, log: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the mutmut next to this interpreter (the venv's) in the project root."""
+    exe = Path(sys.executable).parent / "mutmut"
+    if not exe.exists():
+        sys.exit(f"mutmut is not installed next to {sys.executable}: pip install -c "
+                 "constraints.txt mutmut (nox -s mutation does).")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    if log is None:
+        return subprocess.run([str(exe), *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    with log.open("w") as out:
+        return subprocess.run([str(exe), *args], cwd=ROOT, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, text=True)
+
+
+def module_of(key: str) -> str | None:
+    return next((m for m, (_, globs) in SCOPE.items()
+                 if any(fnmatch.fnmatch(key, g) for g in globs)), None)
+
+
+def function_of(key: str) -> str:
+    return key.rsplit("__mutmut_", 1)[0]
+
+
+def mutated_lines(key: str) -> list[str]:
+    """The ``+`` lines of the mutant's diff (what the mutant changed the code to)."""
+    diff = mutmut("show", key).stdout
+    return [line[1:].strip() for line in diff.splitlines()
+            if line.startswith("+") and not line.startswith("+++")]
+
+
+def explanation(key: str, lines: list[str]) -> str | None:
+    for function, line, why in EQUIVALENT:
+        if function_of(key) == function and line in lines:
+            return why
+    return None
+
+
+def run_mutmut(patterns: list[str], max_children: int, reuse: bool) -> dict[str, str]:
+    """mutmut run over ``patterns``; returns {mutant: status} for the mutants in SCOPE."""
+    if not reuse:
+        shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+    (ROOT / "mutants").mkdir(exist_ok=True)
+    log = ROOT / "mutants" / "mutmut-run.log"
+    print(f"mutmut run {' '.join(patterns)} (log: {log.relative_to(ROOT)})", flush=True)
+    proc = mutmut("run", "--max-children", str(max_children), *patterns, log=log)
+    if proc.returncode != 0:
+        lines = [line for line in log.read_text().replace("\r", "\n").splitlines()
+                 if line.strip() and not _SPINNER.search(line)]
+        sys.exit(f"mutmut run failed (exit {proc.returncode}); the end of {log}:\n"
+                 + "\n".join(lines[-30:]) + "\n(debug = true in [tool.mutmut] shows pytest's output)")
+    results = mutmut("results", "--all", "true")
+    statuses = {}
+    for line in results.stdout.splitlines():
+        match = _RESULT.match(line)
+        if match and module_of(match[1]):
+            statuses[match[1]] = match[2]
+    if not statuses:
+        sys.exit(f"mutmut reported no mutants in SCOPE:\n{results.stdout[-2000:]}{results.stderr}")
+    return statuses
+
+
+def run_hand_mutant(m: HandMutant) -> str:
+    """Apply one hand-written mutant to a copy of the package and run its tests: 'killed' or
+    'survived'."""
+    text = (ROOT / m.path).read_text()
+    if text.count(m.old) != 1:
+        sys.exit(f"{m.path}: {m.old!r} occurs {text.count(m.old)} times, not once: update "
+                 "HAND_MUTANTS.")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(ROOT / "src", Path(tmp) / "src",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        (Path(tmp) / m.path).write_text(text.replace(m.old, m.new))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+               "PYTHONPATH": str(Path(tmp) / "src")}  # ahead of the editable install's src/
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                               *m.tests], cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode not in (0, 1):
+        sys.exit(f"pytest could not run for {m.old} -> {m.new} (exit {proc.returncode}):\n"
+                 f"{(proc.stdout + proc.stderr)[-2000:]}")
+    return "killed" if proc.returncode == 1 else "survived"
+
+
+def check_config() -> None:
+    """Every SCOPE module's file is one mutmut mutates."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    files = set(config["only_mutate"])
+    for module, (path, _) in SCOPE.items():
+        if path not in files:
+            sys.exit(f"{module}: {path} is not in [tool.mutmut] only_mutate in pyproject.toml.")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("patterns", nargs="*", help="mutant names or globs (default: all of SCOPE)")
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--reuse", action="store_true", help="keep mutants/ from the last run")
+    parser.add_argument("--no-hand", action="store_true", help="skip HAND_MUTANTS")
+    args = parser.parse_args()
+    check_config()
+    patterns = args.patterns or [g for _, globs in SCOPE.values() for g in globs]
+
+    start = time.monotonic()
+    statuses = run_mutmut(patterns, args.max_children, args.reuse)
+    mutmut_s = time.monotonic() - start
+    by_hand = {}
+    if not args.no_hand and not args.patterns:
+        for tests in dict.fromkeys(m.tests for m in HAND_MUTANTS):  # a kill must be the mutant's
+            m = next(m for m in HAND_MUTANTS if m.tests == tests)
+            if run_hand_mutant(dataclasses.replace(m, new=m.old)) != "survived":
+                sys.exit(f"{' '.join(tests)} fail on an unmutated copy of the package: fix that first.")
+        for m in HAND_MUTANTS:
+            name = f"{m.path.removeprefix('src/')}: {m.old} -> {m.new}"
+            by_hand[name] = run_hand_mutant(m)
+            print(f"  {by_hand[name]}: {name}", flush=True)
+    total_s = time.monotonic() - start
+
+    survivors = {k: s for k, s in statuses.items() if s not in KILLED}
+    diffs = {k: mutated_lines(k) for k in survivors}
+    why = {k: explanation(k, diffs[k]) for k in survivors}
+    rows = []
+    for module in SCOPE:
+        keys = [k for k in statuses if module_of(k) == module]
+        if not keys:
+            continue
+        killed = sum(statuses[k] in KILLED for k in keys)
+        timeouts = sum(statuses[k] == "timeout" for k in keys)
+        explained = sum(why.get(k) is not None for k in keys)
+        rows.append([module, len(keys), killed, timeouts, len(keys) - killed - explained,
+                     explained, killed / len(keys), (killed + explained) / len(keys)])
+    if by_hand:
+        killed = sum(s == "killed" for s in by_hand.values())
+        rows.append(["hand-written mutants", len(by_hand), killed, 0, len(by_hand) - killed, 0,
+                     killed / len(by_hand), killed / len(by_hand)])
+    print()
+    print(table(rows, ["module", "mutants", "killed", "of which timeout", "survived", "explained",
+                       "kill rate", "killed or explained"],
+                formats={"kill rate": ".1%", "killed or explained": ".1%"},
+                title="Mutation testing: kill rate per module (measured)"))
+    unexplained = [k for k in survivors if why[k] is None]
+    for key in sorted(survivors):
+        label = f"equivalent: {why[key]}" if why[key] else "UNEXPLAINED"
+        print(f"\n{key} [{survivors[key]}; {label}]")
+        print("\n".join(f"    + {line}" for line in diffs[key]))
+    for name, status in by_hand.items():
+        if status != "killed":
+            print(f"\n{name} [survived; UNEXPLAINED]")
+            unexplained.append(name)
+    print(f"\ntook {total_s:.0f} s (mutmut {mutmut_s:.0f} s, {len(statuses)} mutants, "
+          f"--max-children {args.max_children}; {len(by_hand)} hand-written mutants "
+          f"{total_s - mutmut_s:.0f} s)")
+    below = [r[0] for r in rows if r[6] < TARGET]
+    if below:
+        print(f"below the {TARGET:.0%} target: {', '.join(below)}")
+    return 1 if unexplained or below else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
