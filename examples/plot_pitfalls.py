@@ -204,14 +204,14 @@ def optimizer_first(rank: guide.Rank, mesh, build_optimizer_first: bool) -> dict
 # (``head.weight = tok_emb.weight``). Sharding the embedding in its own group, as per-module
 # wrapping policies do, puts the shared parameter in two groups. torch 2.13's FSDP2 refuses at its
 # lazy init, the first forward (``FSDPState._validate_no_duplicate_params`` in ``_fsdp_state.py``,
-# added by pytorch #176257 in 2026; reports: accelerate #4171, torchtitan #2495). Older releases
-# (2.9, the floor here) say nothing: the first ``fully_shard`` replaces ``tok_emb.weight`` with a
-# DTensor, ``head.weight`` keeps the old tensor, and the tie is silently broken (measured below). The fix is torch's own advice: one group for both
-# modules, ``fully_shard([model.tok_emb, model.head])`` (leaving both to the root works too). The
-# right way below also builds the model on the ``meta`` device, shards it, materialises it with
-# ``to_empty`` and loads rank 0's weights, then trains: the tie must survive all of it, and the
-# gradient of the shared matrix (embedding part plus head part) must be reduced once, as one process
-# computes it.
+# added by pytorch #176257; reports: accelerate #4171, torchtitan #2495). Older releases
+# (torch 2.9, the floor here) say nothing: the first ``fully_shard`` replaces ``tok_emb.weight``
+# with a DTensor, ``head.weight`` keeps the old tensor, and the tie is silently broken (measured
+# below). The fix is torch's own advice: one group for both modules,
+# ``fully_shard([model.tok_emb, model.head])`` (leaving both to the root works too). The right way
+# below also builds the model on the ``meta`` device, shards it, materialises it with ``to_empty``
+# and loads rank 0's weights, then trains: the tie must survive all of it, and the gradient of the
+# shared matrix (embedding part plus head part) must be reduced once, as one process computes it.
 
 
 def tie(model: TinyLM) -> TinyLM:
@@ -345,9 +345,9 @@ def inplace_output(rank: guide.Rank, mesh) -> dict:
 # the squares of the ranks' values add up to the square of the norm. ``.full_tensor()`` reduces.
 # pytorch #170862 reported the same for the total norm ``clip_grad_norm_`` returns (torch 2.9);
 # torchtitan #766 for logged norms. On torch 2.13 ``clip_grad_norm_`` returns a replicated
-# ``DTensor`` whose local value is the norm; on 2.9 it is still partial. The page asserts whichever
-# this torch returns: the norm itself, or parts that add up to it. (The clipping itself is the
-# subject of the gradient-clipping page.)
+# ``DTensor`` whose local value is the norm; on torch 2.9 it is still partial. The page asserts
+# whichever this torch returns: the norm itself, or parts that add up to it. (The clipping itself
+# is the subject of the gradient-clipping page.)
 GRAD_MODEL = build_model(CFG)
 next_token_loss(GRAD_MODEL, BATCHES[0]).backward()
 NORM_REFERENCE = {n: p.grad.norm().item() for n, p in GRAD_MODEL.named_parameters()}
