@@ -136,7 +136,9 @@ def worker(rank: guide.Rank, reshard_after_forward) -> dict:
         start = time.perf_counter()
         losses += train_steps(model, opt, batch[None], *where)
         times.append(time.perf_counter() - start)
-    return {"losses": losses, "between": between, "memory": memory,
+    with torch.no_grad():  # the first batch again: the same data, so a drop means it learned
+        learned = [losses[0], next_token_loss(model, tokens[0]).item()]
+    return {"losses": losses, "learned": learned, "between": between, "memory": memory,
             "collectives": log.records, "step_s": statistics.median(times)}
 
 
@@ -212,9 +214,13 @@ print(table([[name, *(ledger.claim(claim_name(name, f"all_gathers.{ph}_per_step"
 # %%
 # Same arithmetic, whatever the setting
 # -------------------------------------
-# Resharding moves parameters, not numbers: all four runs must produce the same losses.
+# Resharding moves parameters, not numbers: all four runs must produce the same losses, and each
+# must learn (its loss on the first batch falls), or equal losses would prove nothing.
 losses = {name: mean_over_ranks([r["losses"] for r in res])
           for name, res in results.items()}
+for name, res in results.items():  # same losses could also mean none learns
+    checks.assert_learns(f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}",
+                         mean_over_ranks([r["learned"] for r in res]))
 gaps = {name: checks.assert_losses_match(
             f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}", losses["True"],
             losses[name])
