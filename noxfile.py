@@ -112,7 +112,10 @@ def compat(session: nox.Session, torch: str) -> None:
     _require_supported_python(session)
     session.install("-c", _constraints_without_torch(session), f"torch=={torch}", "-e", ".[docs,test]")
     versions = session.run("python", "-c", "import torch, sys; print(sys.version.split()[0], "
-                           "torch.__version__)", silent=True).split()
+                           "torch.__version__)", silent=True)
+    if versions is None:  # --install-only: nothing ran
+        return
+    versions = versions.split()
     quick = os.environ.get("GUIDE_COMPAT") == "main"
     started = time.monotonic()
     skip = ([f"--ignore=tests/{f}" for f in ("test_faults.py", "test_site.py",
