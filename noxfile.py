@@ -128,7 +128,10 @@ def compat(session: nox.Session, torch: str) -> None:
                 else sorted(str(p) for p in Path("examples").glob("plot_*.py")))
     for example in examples:
         session.run("python", example, env=ENV)
-    _record_compat({"python": versions[0], "torch": versions[1], "tests": summary,
+    _record_compat({"python": versions[0], "torch": versions[1],
+                    "suite": "without test_faults, test_site, test_example_modes" if quick
+                    else "whole",
+                    "tests": summary,
                     "examples": [Path(e).stem for e in examples],
                     "minutes": round((time.monotonic() - started) / 60, 1),
                     "date": datetime.date.today().isoformat()})
