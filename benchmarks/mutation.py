@@ -132,6 +132,19 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
      "REL_TOL is 1e-9, math.isclose's default rel_tol"),
     ("guide.claims.x\u01c1Claim\u01c1same_as", "return math.isclose(a, b, rel_tol=REL_TOL, )",
      "0.0 is math.isclose's default abs_tol"),
+    # the supervisor's clocks: > and >= differ only at one instant of a continuous clock, and a
+    # longer poll or stack wait only makes a failure take longer to report
+    ("guide.launcher.supervise.x_supervise",
+     "if first_failure is not None and (not alive or monotonic() - first_failure >= GRACE_S):",
+     "> vs >= on a float clock"),
+    ("guide.launcher.supervise.x_supervise", "if monotonic() - start >= deadline_s:",
+     "> vs >= on a float clock"),
+    ("guide.launcher.supervise.x_supervise",
+     "connection.wait([p.sentinel for p in alive], timeout=1.2)", "a slower poll, same outcome"),
+    ("guide.launcher.supervise.x_dump_stacks", "time.sleep(1.5)", "a longer wait, same stacks"),
+    ("guide.launcher.supervise.x_supervise",
+     "stacks = dump_stacks(procs, workdir) if (alive) or True else \"\"",
+     "dump_stacks of no live rank returns \"\""),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -10,13 +10,14 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import guide
-from guide.launcher.supervise import RankExit, failure, root_cause
+from guide.launcher.supervise import RankExit, dump_stacks, failure, root_cause
 
 # Per-test limit here (tighter than pyproject's): slowest measured 23 s (a subprocess that imports
 # guide and torch, or a session's first job with the fork server cold; 2 loaded cores).
@@ -90,7 +91,8 @@ def test_rank_killed_after_its_peers_finished_is_not_a_success() -> None:
     with pytest.raises(guide.RankDied, match="rank 1 of 2 was killed by SIGABRT") as info:
         guide.launch(_aborts_after_peers_finished, 2)
     assert info.value.rank == 1
-    assert "rank 0: finished" in info.value.details
+    # every rank's story and nothing else (no stacks: no rank was left running)
+    assert info.value.details == "Ranks:\n  rank 0: finished\n  rank 1: was killed by SIGABRT"
 
 
 def test_one_rank_job_that_kills_itself_is_named() -> None:
@@ -142,6 +144,10 @@ def test_job_past_its_deadline_is_killed() -> None:
         guide.launch(_overruns, 2, deadline_s=3)
     assert time.monotonic() - start < 10
     assert "Python stack of rank 0" in str(info.value) and "_overruns" in str(info.value)
+    assert info.value.rank == 0
+    assert str(info.value).startswith(
+        "the job did not finish within deadline_s=3 s; ranks [0, 1] were still running and were "
+        "killed. Raise deadline_s if the work is really this long.\n\n--- Python stack of rank 0 ---")
 
 
 def test_over_budget_allocation_is_reported_as_out_of_memory() -> None:
@@ -277,3 +283,39 @@ def test_a_launcher_whose_deadline_never_fires_is_failed_by_the_timeout(tmp_path
     assert proc.returncode == 1, out[-3000:]
     assert "Timeout (>5.0s) from pytest-timeout" in out and "1 failed" in out, out[-3000:]
     assert "in supervise" in out, f"the timeout did not fire in the supervision loop:\n{out[-3000:]}"
+
+
+def test_of_two_silent_deaths_the_first_seen_is_blamed() -> None:
+    exits = [RankExit(0, -signal.SIGKILL, seen_at=100.4), RankExit(1, -signal.SIGTERM, seen_at=100.1)]
+    assert root_cause(exits) == 1
+    assert str(failure(exits, 30)).startswith("rank 1 of 2 was killed by SIGTERM.")
+
+
+def test_a_failed_rank_without_a_time_is_refused_not_guessed() -> None:
+    with pytest.raises(ValueError, match=r"rank 0 failed without an error record or a time"):
+        root_cause([RankExit(0, 1, seen_at=None), RankExit(1, 0, seen_at=100.0)])
+
+
+def test_root_cause_needs_a_failed_rank() -> None:
+    with pytest.raises(ValueError, match=r"^root_cause\(\) needs at least one failed rank; every "
+                                         r"rank finished or runs\.$"):
+        root_cause([RankExit(0, 0, 100.0), RankExit(1, None)])
+
+
+def test_a_rank_that_does_not_answer_for_its_stack_is_said_so(tmp_path) -> None:
+    """dump_stacks asks live ranks with SIGUSR1; one that ignores it gets a line saying so."""
+    ignores = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                "signal.signal(signal.SIGUSR1, signal.SIG_IGN); print('ready', "
+                                "flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert ignores.stdout.readline().strip() == "ready"
+        alive = SimpleNamespace(pid=ignores.pid, exitcode=None)
+        done = SimpleNamespace(pid=0, exitcode=0)
+        (tmp_path / "rank2.stack").write_text("  File worker.py, line 3\n")
+        alive2 = SimpleNamespace(pid=ignores.pid, exitcode=None)
+        assert dump_stacks([alive, done, alive2], tmp_path) == (
+            "--- Python stack of rank 0 ---\n(no stack: the rank did not answer SIGUSR1)\n"
+            "--- Python stack of rank 2 ---\nFile worker.py, line 3")
+    finally:
+        ignores.kill()
+        ignores.wait()

@@ -188,9 +188,12 @@ def _exit_record(rank: int, proc: Any, workdir: Path, seen_dead: dict[int, float
 
 
 def _when(e: RankExit) -> float:
+    """When a failed rank failed: its own record's time, else when the supervisor saw it gone."""
     if e.error:
         return float(e.error["time"])
-    return e.seen_at if e.seen_at is not None else float("inf")
+    if e.seen_at is None:
+        raise ValueError(f"rank {e.rank} failed without an error record or a time it was seen gone.")
+    return e.seen_at
 
 
 def _story(e: RankExit) -> str:
