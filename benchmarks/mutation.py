@@ -206,8 +206,9 @@ def run_mutmut(patterns: list[str], max_children: int, reuse: bool) -> dict[str,
     statuses = {}
     for line in results.stdout.splitlines():
         match = _RESULT.match(line)
-        if match and module_of(match[1]):
-            statuses[match[1]] = match[2]
+        if (match and module_of(match[1]) and match[2] != "not checked"
+                and any(fnmatch.fnmatch(match[1], p) for p in patterns)):
+            statuses[match[1]] = match[2]  # what this run covered (--reuse keeps older results)
     if not statuses:
         sys.exit(f"mutmut reported no mutants in SCOPE:\n{results.stdout[-2000:]}{results.stderr}")
     return statuses
