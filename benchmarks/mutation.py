@@ -17,6 +17,7 @@ module is below :data:`TARGET`. mutmut's files go to ``mutants/`` (git-ignored),
     python benchmarks/mutation.py                  # everything (nox -s mutation)
     python benchmarks/mutation.py --reuse          # keep mutants/ (mutmut's test-coverage cache)
     python benchmarks/mutation.py "guide.checks.x_assert_sharded*"   # some mutants, no hand ones
+    python benchmarks/mutation.py --hand-only      # only the hand-written mutants
 
 Not part of CI: it is slow (the "took" line says how slow; launcher mutants run real ranks).
 """
@@ -250,12 +251,13 @@ def main() -> int:
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--reuse", action="store_true", help="keep mutants/ from the last run")
     parser.add_argument("--no-hand", action="store_true", help="skip HAND_MUTANTS")
+    parser.add_argument("--hand-only", action="store_true", help="only HAND_MUTANTS (no mutmut)")
     args = parser.parse_args()
     check_config()
     patterns = args.patterns or [g for _, globs in SCOPE.values() for g in globs]
 
     start = time.monotonic()
-    statuses = run_mutmut(patterns, args.max_children, args.reuse)
+    statuses = {} if args.hand_only else run_mutmut(patterns, args.max_children, args.reuse)
     mutmut_s = time.monotonic() - start
     by_hand = {}
     if not args.no_hand and not args.patterns:
