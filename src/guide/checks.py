@@ -184,19 +184,27 @@ def assert_same_init(run: str, reference: Mapping[str, torch.Tensor],
                              "broadcast, so every rank must build the model with the same seed.")
 
 
-def assert_sharded(run: str, layouts: Sequence[ParamLayout], world_size: int) -> None:
-    """Each parameter on each rank is a DTensor with ``(Shard(dim=0),)`` holding its dim-0 chunk."""
+def _expect_dtensors_from_every_rank(check: str, run: str, layouts: Sequence[ParamLayout],
+                                     world_size: int, mesh: str = "") -> None:
+    """Layouts came from ranks 0..world_size-1 and every parameter is a DTensor (else fully_shard
+    was not applied): the common start of the sharding checks."""
     if not layouts:
-        raise CheckFailed(f"[sharding] {run}: no parameters were reported.")
+        raise CheckFailed(f"[{check}] {run}: no parameters were reported.")
     ranks = {lay.rank for lay in layouts}
     if ranks != set(range(world_size)):
-        raise CheckFailed(f"[sharding] {run}: layouts from ranks {sorted(ranks)}, expected "
-                          f"0..{world_size - 1}.")
+        raise CheckFailed(f"[{check}] {run}: layouts from ranks {sorted(ranks)}, expected "
+                          f"0..{world_size - 1}{mesh}.")
+    for lay in layouts:
+        if not lay.is_dtensor:
+            raise CheckFailed(f"[{check}] {run}: {lay.name} on rank {lay.rank} is a plain tensor of "
+                              f"shape {lay.global_shape}, not a DTensor: fully_shard was not applied.")
+
+
+def assert_sharded(run: str, layouts: Sequence[ParamLayout], world_size: int) -> None:
+    """Each parameter on each rank is a DTensor with ``(Shard(dim=0),)`` holding its dim-0 chunk."""
+    _expect_dtensors_from_every_rank("sharding", run, layouts, world_size)
     for lay in layouts:
         where = f"{lay.name} on rank {lay.rank}"
-        if not lay.is_dtensor:
-            raise CheckFailed(f"[sharding] {run}: {where} is a plain tensor of shape "
-                              f"{lay.global_shape}, not a DTensor: fully_shard was not applied.")
         if lay.placements != "(Shard(dim=0),)":
             raise CheckFailed(f"[sharding] {run}: {where} has placements {lay.placements}, "
                               "expected (Shard(dim=0),).")
@@ -243,17 +251,10 @@ def assert_hsdp_sharded(run: str, layouts: Sequence[ParamLayout], replicas: int,
     positive_int("replicas", replicas, "the size of the mesh's replicate dimension")
     positive_int("shards", shards, "the size of the mesh's shard dimension")
     world_size = replicas * shards
-    if not layouts:
-        raise CheckFailed(f"[HSDP sharding] {run}: no parameters were reported.")
-    ranks = {lay.rank for lay in layouts}
-    if ranks != set(range(world_size)):
-        raise CheckFailed(f"[HSDP sharding] {run}: layouts from ranks {sorted(ranks)}, expected "
-                          f"0..{world_size - 1} ({replicas} replicas x {shards} shards).")
+    _expect_dtensors_from_every_rank("HSDP sharding", run, layouts, world_size,
+                                     f" ({replicas} replicas x {shards} shards)")
     for lay in layouts:
         where = f"{lay.name} on rank {lay.rank}"
-        if not lay.is_dtensor:
-            raise CheckFailed(f"[HSDP sharding] {run}: {where} is a plain tensor of shape "
-                              f"{lay.global_shape}, not a DTensor: fully_shard was not applied.")
         if lay.placements != _HSDP_PLACEMENTS:
             raise CheckFailed(f"[HSDP sharding] {run}: {where} has placements {lay.placements}, "
                               f"expected {_HSDP_PLACEMENTS}: fully_shard was not given the 2-D "
