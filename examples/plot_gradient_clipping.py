@@ -120,10 +120,11 @@ results = guide.launch(fsdp2_worker, WORLD_SIZE)
 # the clipped run must match the clipped reference in losses and parameters. The ranks' local norms
 # are not the norm: their squares add up to its square.
 run = f"FSDP2 x{WORLD_SIZE}, SGD, clip {MAX_NORM}"
-for r, res in enumerate(results):
-    checks.expect(res["norm_placements"] == "(Replicate(),)", "clip norm", run,
-                  f"rank {r}'s norm has placements {res['norm_placements']}, "
-                  "not (Replicate(),).")
+for r, res in enumerate(results):  # torch 2.9 returns a partial norm (pytorch #170862)
+    checks.expect(res["norm_placements"] == "(Replicate(),)"
+                  or res["norm_placements"].startswith("(_NormPartial("), "clip norm", run,
+                  f"rank {r}'s norm has placements {res['norm_placements']}, neither "
+                  "(Replicate(),) nor a partial norm.")
 norm_gap = max(checks.expect_close("clip norm", run, res["norms"], REF["norms"],
                                    checks.LOSS_TOL, what=f"rank {r}'s clip_grad_norm_")
                for r, res in enumerate(results))
