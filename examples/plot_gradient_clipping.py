@@ -16,9 +16,11 @@ single-process training, step for step. A disagreement **fails the docs build**.
 # One loop for both runs
 # ----------------------
 # The clip goes between ``backward()`` and ``optimizer.step()``, so this page writes the loop itself
-# (from :mod:`guide.steps`). The same function trains the single-process reference (one rank, the
-# whole batch) and runs inside each FSDP2 rank. ``clip_grad_norm_`` returns the norm *before*
-# clipping; on DTensor gradients it is a ``DTensor`` itself, replicated on every rank.
+# (:func:`guide.training.train_steps` with the clip added). The same function trains the
+# single-process reference (one rank, the whole batch) and runs inside each FSDP2 rank.
+# ``clip_grad_norm_`` returns the norm *before* clipping; on DTensor gradients it is a ``DTensor``
+# itself, replicated on every rank (torch 2.13; torch 2.9 returns a partial norm, pytorch #170862,
+# whose ``full_tensor()`` is the norm: the page reads it that way on both).
 import matplotlib.pyplot as plt
 import torch
 from torch.distributed.tensor import DTensor
