@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from guide.checks import CheckFailed
 from guide.dtensor import dtype_name, local_tensor, plain_name
+from guide.launcher.torch_support import flat_collective
 
 __all__ = ["ForwardDtypes", "assert_dtypes", "assert_loss_gap_within", "collective_support",
            "grad_dtypes", "loss_gap_bound", "lost_update_fraction", "stored_dtypes",
@@ -202,15 +203,13 @@ def collective_support(dtype: torch.dtype, group=None) -> dict[str, str]:
 
     def all_gather():
         out = torch.empty(2 * n * n, dtype=dtype)
-        # all_gather_single / reduce_scatter_single: newer torch's names (2.9 has only *_tensor)
-        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x, group=group)
+        flat_collective("all_gather")(out, x, group=group)
         return out, (ranks + 1).repeat_interleave(2 * n)
 
     def reduce_scatter(op, scale):
         def run():
             out = torch.empty(2, dtype=dtype)
-            (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(
-                out, x.clone(), op=op, group=group)
+            flat_collective("reduce_scatter")(out, x.clone(), op=op, group=group)
             return out, torch.full((2,), float((ranks + 1).sum()) * scale, dtype=torch.float64)
         return run
 

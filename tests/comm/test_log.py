@@ -21,6 +21,7 @@ from guide.comm import Collective, CollectiveLog, FSDPGroup
 from guide.data import synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.sharding import apply_fsdp2
+from guide.launcher.torch_support import flat_collective_name
 from guide.training import make_optimizer, train_steps
 
 
@@ -44,7 +45,7 @@ def world_of_one(tmp_path):
 
 
 def test_log_records_kind_dtype_bytes_and_phase(world_of_one):
-    all_gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    all_gather = flat_collective_name("all_gather")
     originals = {name: getattr(dist, name) for name in ("all_reduce", "broadcast", all_gather)}
     model = torch.nn.Linear(3, 3)
     model.register_forward_hook(lambda m, i, o: dist.broadcast(torch.zeros(7), src=0))

@@ -12,8 +12,7 @@ from guide.launcher import torch_support
 from .workers import sum_of_ranks
 
 #: The reduce-scatter check_gloo_avg calls: newer torch's name, or 2.9's.
-REDUCE_SCATTER = ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_single")
-                  else "reduce_scatter_tensor")
+REDUCE_SCATTER = torch_support.flat_collective_name("reduce_scatter")
 
 # Per-test limit here (tighter than pyproject's): slowest measured 23 s (a subprocess that imports
 # guide and torch, or a session's first job with the fork server cold; 2 loaded cores).
@@ -63,3 +62,22 @@ def test_gloo_avg_self_check_catches_a_nan() -> None:
 
     with pytest.raises(guide.RankRaised, match=r"returned nan instead of the mean 0.5"):
         guide.launch(worker, 2)
+
+
+def test_flat_collective_names_this_torchs_function() -> None:
+    for kind, newer, older in [("all_gather", "all_gather_single", "all_gather_into_tensor"),
+                               ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor")]:
+        assert torch_support.flat_collective_name(kind) == (newer if hasattr(dist, newer) else older)
+        assert torch_support.flat_collective(kind) is getattr(dist, torch_support.flat_collective_name(kind))
+
+
+def test_flat_collective_falls_back_to_torch_2_9s_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(dist, "all_gather_single", raising=False)
+    monkeypatch.delattr(dist, "reduce_scatter_single", raising=False)
+    assert torch_support.flat_collective("all_gather") is dist.all_gather_into_tensor
+    assert torch_support.flat_collective("reduce_scatter") is dist.reduce_scatter_tensor
+
+
+def test_flat_collective_rejects_an_unknown_kind() -> None:
+    with pytest.raises(ValueError, match=r"one of \['all_gather', 'reduce_scatter'\], got 'all_reduce'"):
+        torch_support.flat_collective("all_reduce")

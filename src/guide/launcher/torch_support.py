@@ -9,10 +9,12 @@ patched build or a regression cannot silently scale FSDP2's gradients by the wor
 from __future__ import annotations
 
 import re
+from typing import Any, Callable
 
 from guide.launcher.errors import LaunchError
 
-__all__ = ["SUPPORTED_TORCH", "check_gloo_avg", "check_torch", "torch_version_ok"]
+__all__ = ["SUPPORTED_TORCH", "check_gloo_avg", "check_torch", "flat_collective",
+           "flat_collective_name", "torch_version_ok"]
 
 #: The torch releases this guide supports. Why this floor: the module docstring above, and the
 #: install page's "What breaks below the floor" (``docs/pages/install.md``).
@@ -24,6 +26,31 @@ def torch_version_ok(version: str) -> bool:
     """True if ``version`` (e.g. ``"2.13.0+cpu"``) satisfies :data:`SUPPORTED_TORCH`."""
     match = re.match(r"(\d+)\.(\d+)", version)
     return bool(match) and (int(match[1]), int(match[2])) >= _MIN_TORCH
+
+
+#: The flat-tensor collectives by kind: the newer name first, then torch 2.9's (same arguments).
+_FLAT_NAMES = {"all_gather": ("all_gather_single", "all_gather_into_tensor"),
+               "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")}
+
+
+def flat_collective_name(kind: str) -> str:
+    """The :mod:`torch.distributed` name of the flat-tensor ``"all_gather"`` or ``"reduce_scatter"``
+    on this torch: ``all_gather_single`` / ``reduce_scatter_single`` where they exist, else
+    torch 2.9's ``all_gather_into_tensor`` / ``reduce_scatter_tensor``."""
+    import torch.distributed as dist
+
+    if kind not in _FLAT_NAMES:
+        raise ValueError(f"flat collective kind must be one of {sorted(_FLAT_NAMES)}, got {kind!r}.")
+    newer, older = _FLAT_NAMES[kind]
+    return newer if hasattr(dist, newer) else older
+
+
+def flat_collective(kind: str) -> Callable[..., Any]:
+    """That function, looked up when called, so that a wrapper in place (a
+    :class:`guide.comm.log.CollectiveLog`, a test's fault) is the one that runs."""
+    import torch.distributed as dist
+
+    return getattr(dist, flat_collective_name(kind))
 
 
 def check_torch() -> None:
@@ -49,8 +76,7 @@ def check_gloo_avg(rank: int, world_size: int) -> None:
     if world_size == 1:
         return
     out = torch.empty(1)
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    reduce_scatter(out, torch.full((world_size,), float(rank)), op=dist.ReduceOp.AVG)
+    flat_collective("reduce_scatter")(out, torch.full((world_size,), float(rank)), op=dist.ReduceOp.AVG)
     expected = (world_size - 1) / 2
     if not abs(out.item() - expected) <= 1e-6:  # a NaN fails too
         raise LaunchError(
