@@ -47,6 +47,24 @@ def test_raising_rank_fails_fast_with_its_traceback() -> None:
     assert "_raise_on_rank1" in err.remote_traceback
 
 
+def _raise_then_peer_raises_later(rank: guide.Rank) -> None:
+    if rank.rank == 0:
+        raise ValueError("first")
+    time.sleep(0.5)  # well inside GRACE_S
+    raise RuntimeError("second, 0.5 s later")
+
+
+@pytest.mark.usefixtures("warm_fork_server")
+def test_peers_get_the_grace_period_to_report_their_own_errors() -> None:
+    """After the first failure the supervisor waits GRACE_S, so a peer that fails a moment later
+    is reported with its own error, not killed as "still running" (a supervisor that raised at once
+    would lose the peer's story)."""
+    with pytest.raises(guide.RankRaised) as info:
+        guide.launch(_raise_then_peer_raises_later, 2)
+    assert info.value.rank == 0 and "first" in str(info.value)
+    assert "rank 1: raised RuntimeError" in info.value.details, info.value.details
+
+
 def _killed_on_rank1(rank: guide.Rank) -> None:
     dist.barrier()
     if rank.rank == 1:
@@ -319,3 +337,14 @@ def test_a_rank_that_does_not_answer_for_its_stack_is_said_so(tmp_path) -> None:
     finally:
         ignores.kill()
         ignores.wait()
+
+
+def test_a_rank_that_dies_before_it_is_asked_for_its_stack_is_said_so(tmp_path) -> None:
+    """A rank that was alive at the last poll but is gone when SIGUSR1 is sent (a race the
+    supervisor cannot prevent) costs a "no stack" line, not a ProcessLookupError that would hide
+    the job's real error."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # exited and reaped: its pid names no process now
+    stale = SimpleNamespace(pid=gone.pid, exitcode=None)
+    assert dump_stacks([stale], tmp_path) == (
+        "--- Python stack of rank 0 ---\n(no stack: the rank did not answer SIGUSR1)")
