@@ -16,6 +16,7 @@ FSDP_BLOCKS = ("    for block in model.blocks:\n"
                "        fully_shard(block, mesh=mesh)\n"
                "    fully_shard(model, mesh=mesh)\n")
 FSDP_ROOT = "    fully_shard(model, mesh=mesh)\n"
+FSDP_LAUNCH = "    runs[FSDP2_, opt] = guide.launch(fsdp2_worker, WORLD_SIZE, opt)\n"
 
 
 def _on_rank1_at_step3(action: str) -> str:
@@ -55,7 +56,9 @@ FAULTS: dict[str, list[tuple[str, str]]] = {
         "raise RuntimeError('injected fault: rank 1 raises at step 3')"))],
     "rank_killed": [(FSDP_ROOT, _on_rank1_at_step3(
         "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))],
-    "rank_hangs": [(FSDP_ROOT, _on_rank1_at_step3("import time; time.sleep(3600)"))],
+    # The page's FSDP2 jobs wait 10 s (not the default 30) for the hung peer: 20 s less per run.
+    "rank_hangs": [(FSDP_ROOT, _on_rank1_at_step3("import time; time.sleep(3600)")),
+                   (FSDP_LAUNCH, FSDP_LAUNCH.replace(", opt)", ", opt, collective_timeout_s=10)"))],
 }
 
 

@@ -31,7 +31,7 @@ EXPECTED = {
     "rank_raises": (r"RankRaised: rank 1 of 2 raised RuntimeError: injected fault: rank 1 raises "
                     r"at step 3(.|\n)*Traceback from rank 1", 90),
     "rank_killed": (r"RankDied: rank 1 of 2 was killed by SIGKILL", 90),
-    "rank_hangs": (r"RankHung: rank 1 of 2 hung: rank 0 waited collective_timeout_s=30 s(.|\n)*"
+    "rank_hangs": (r"RankHung: rank 1 of 2 hung: rank 0 waited collective_timeout_s=10 s(.|\n)*"
                    r"Python stack of rank 1(.|\n)*time\.sleep|_fault", 150),
 }
 
