@@ -68,7 +68,8 @@ def test_flat_collective_names_this_torchs_function() -> None:
     for kind, newer, older in [("all_gather", "all_gather_single", "all_gather_into_tensor"),
                                ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor")]:
         assert torch_support.flat_collective_name(kind) == (newer if hasattr(dist, newer) else older)
-        assert torch_support.flat_collective(kind) is getattr(dist, torch_support.flat_collective_name(kind))
+        name = torch_support.flat_collective_name(kind)
+        assert torch_support.flat_collective(kind) is getattr(dist, name)
 
 
 def test_flat_collective_falls_back_to_torch_2_9s_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,5 +80,6 @@ def test_flat_collective_falls_back_to_torch_2_9s_name(monkeypatch: pytest.Monke
 
 
 def test_flat_collective_rejects_an_unknown_kind() -> None:
-    with pytest.raises(ValueError, match=r"one of \['all_gather', 'reduce_scatter'\], got 'all_reduce'"):
+    with pytest.raises(ValueError,
+                       match=r"one of \['all_gather', 'reduce_scatter'\], got 'all_reduce'"):
         torch_support.flat_collective("all_reduce")
