@@ -19,9 +19,9 @@ import guide
 from guide import checks, comm
 from guide.comm import Collective, CollectiveLog, FSDPGroup
 from guide.data import synthetic_batches
+from guide.launcher.torch_support import flat_collective_name
 from guide.model import ModelConfig, build_model
 from guide.sharding import apply_fsdp2
-from guide.launcher.torch_support import flat_collective_name
 from guide.training import make_optimizer, train_steps
 
 
