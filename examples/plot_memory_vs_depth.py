@@ -57,8 +57,8 @@ ledger = claims.Ledger("plot_memory_vs_depth")  # every number this page states
 
 
 def config(n_layers: int) -> ModelConfig:
-    # Blocks of 3 MiB. With 0.75 MiB blocks, what a block adds beyond its model state (a little
-    # more under FSDP2 than under DDP) was large enough to move the growth ratio 10.5 % off the model.
+    # Blocks of 3 MiB. With 0.75 MiB blocks, what a block adds beyond its model state (a
+    # little more under FSDP2 than under DDP) moved the growth ratio 10.5 % off the model.
     return ModelConfig(vocab=128, d_model=256, n_layers=n_layers, n_heads=4, d_mlp=1024)
 
 
