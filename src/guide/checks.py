@@ -185,7 +185,7 @@ def assert_same_init(run: str, reference: Mapping[str, torch.Tensor],
 
 
 def _expect_dtensors_from_every_rank(check: str, run: str, layouts: Sequence[ParamLayout],
-                                     world_size: int, mesh: str = "") -> None:
+                                     world_size: int, mesh_note: str = "") -> None:
     """Layouts came from ranks 0..world_size-1 and every parameter is a DTensor (else fully_shard
     was not applied): the common start of the sharding checks."""
     if not layouts:
@@ -193,7 +193,7 @@ def _expect_dtensors_from_every_rank(check: str, run: str, layouts: Sequence[Par
     ranks = {lay.rank for lay in layouts}
     if ranks != set(range(world_size)):
         raise CheckFailed(f"[{check}] {run}: layouts from ranks {sorted(ranks)}, expected "
-                          f"0..{world_size - 1}{mesh}.")
+                          f"0..{world_size - 1}{mesh_note}.")
     for lay in layouts:
         if not lay.is_dtensor:
             raise CheckFailed(f"[{check}] {run}: {lay.name} on rank {lay.rank} is a plain tensor of "

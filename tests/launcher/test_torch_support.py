@@ -67,8 +67,8 @@ def test_gloo_avg_self_check_catches_a_nan() -> None:
 def test_flat_collective_names_this_torchs_function() -> None:
     for kind, newer, older in [("all_gather", "all_gather_single", "all_gather_into_tensor"),
                                ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor")]:
-        assert torch_support.flat_collective_name(kind) == (newer if hasattr(dist, newer) else older)
         name = torch_support.flat_collective_name(kind)
+        assert name == (newer if hasattr(dist, newer) else older)
         assert torch_support.flat_collective(kind) is getattr(dist, name)
 
 

@@ -76,8 +76,8 @@ def check_gloo_avg(rank: int, world_size: int) -> None:
     if world_size == 1:
         return
     out = torch.empty(1)
-    ranks = torch.full((world_size,), float(rank))
-    flat_collective("reduce_scatter")(out, ranks, op=dist.ReduceOp.AVG)
+    mine = torch.full((world_size,), float(rank))  # every rank sends its own rank number
+    flat_collective("reduce_scatter")(out, mine, op=dist.ReduceOp.AVG)
     expected = (world_size - 1) / 2
     if not abs(out.item() - expected) <= 1e-6:  # a NaN fails too
         raise LaunchError(
