@@ -196,12 +196,14 @@ print(table(rows, COLS, formats={c: ".3f" for c in COLS[1:]} | {"intercept": ".1
 # block for DDP, 2 b / N for FSDP2, plus what backward keeps per block (activations, autograd
 # bookkeeping). AdamW creates its two moments only in the first ``optimizer.step()``, after
 # backward has freed the activations: 2 b more per block for DDP, 2 b / N for FSDP2. So the step
-# grows faster than backward, and past a few blocks it holds the first step's peak: that is why
-# the slopes above are the model state's, with no activations in them. From the second step on the
-# moments exist before the forward starts, and the activations come on top of the full state;
-# data parallelism does not shard them (the activation page measures them). The checks: backward
-# grows by its state plus at most ``REMAINDER_MAX * b``; the step grows faster than backward;
-# at the deepest point the step's peak is the higher.
+# grows faster than backward whenever a block's activations are smaller than its moments, as at
+# this page's short sequences, and then it holds the first step's peak past a few blocks: that is
+# why the slopes above are the model state's, with no activations in them. Activations are not
+# sharded and FSDP2's moments shrink with N, so at long sequences or large N backward holds the
+# peak instead; and from the second step on the moments exist before the forward starts, so the
+# activations come on top of the full state (the activation page measures them). The checks:
+# backward grows by its state plus at most ``REMAINDER_MAX * b``; the step grows faster than
+# backward; at the deepest point the step's peak is the higher.
 backward_state = {(s, n): 3 * b if s is Strategy.DDP else 2 * b / n for s, n in RUNS}
 phase_rows = []
 for (s, n), (step_slope, _, _, _, backward_slope) in fits.items():
