@@ -281,13 +281,13 @@ for (s, n), row in zip(fits, rows):
             label=f"{s} x{n}: {row[1]:.3f} MiB/block")
     ax.plot(DEPTHS, held[s, n], marker=marker, color=s.color, alpha=alpha, lw=1,
             ls="--", ms=3)
-ax.plot([], [], color="grey", ls="--", lw=1, label="held between steps (dashed)")
 ax.set_xticks(DEPTHS)
 ax.set_xlabel("transformer blocks")
-ax.set_ylabel("per-rank peak above start (MiB)")
+ax.set_ylabel("per-rank memory above start (MiB)")
 ax.set_title("Both grow with depth; FSDP2 "
              + " and ".join(f"{ratios[n][0]:.2f}x (N={n})" for n in NS)
              + " more slowly")
-ax.legend(loc="upper left")
+ax.legend(loc="upper left", title="solid: peak in step 1; dashed: held",
+          title_fontsize="small", fontsize="small")
 plt.show()
 # sphinx_gallery_thumbnail_number = 1
