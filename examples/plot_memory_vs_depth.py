@@ -164,8 +164,8 @@ for (s, n), (slope, _, _, held_slope, _) in fits.items():
 def slope_claim(s: Strategy, n: int, what: str, value: float,
                 check: str | None) -> float:
     """Record one fitted or predicted number of the table below, as it prints."""
-    digits = 1 if what == "intercept" else 3
-    unit = "MiB" if what in ("intercept", "max_residual") else "MiB per block"
+    digits = 1 if what.endswith("intercept") else 3
+    unit = "MiB" if what.endswith(("intercept", "max_residual")) else "MiB per block"
     return ledger.claim(f"depth.{s.value}.n{n}.{what}", round(float(value), digits),
                         unit, guard=f"asserted: {check}" if check else "computed",
                         world_size=n, depths=DEPTHS, ddp_buckets=True, **MODEL)
@@ -215,7 +215,8 @@ for (s, n), (step_slope, _, _, _, backward_slope) in fits.items():
                   f"step {step_slope:.3f} <= backward {backward_slope:.3f} MiB/block")
     deepest = {phase: peak[phase][s, n][-1] for phase in PHASES}
     checks.expect(bool(deepest["step"] > deepest["backward"]), "step holds the peak",
-                  f"{s} x{n}, {DEPTHS[-1]} blocks", f"{deepest}")
+                  f"{s} x{n}, {DEPTHS[-1]} blocks", f"step {deepest['step']:.1f} MiB <= "
+                  f"backward {deepest['backward']:.1f} MiB")
     phase_rows.append((f"{s} x{n}", *(
         slope_claim(s, n, what, value, check) for what, value, check in (
             ("backward_slope", backward_slope, "backward slope"),

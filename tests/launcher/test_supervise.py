@@ -3,6 +3,7 @@ overrun, and (for the choice of culprit) with fake exit records whose timestamps
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -109,8 +110,39 @@ def test_rank_killed_after_its_peers_finished_is_not_a_success() -> None:
     with pytest.raises(guide.RankDied, match="rank 1 of 2 was killed by SIGABRT") as info:
         guide.launch(_aborts_after_peers_finished, 2)
     assert info.value.rank == 1
-    # every rank's story and nothing else (no stacks: no rank was left running)
-    assert info.value.details == "Ranks:\n  rank 0: finished\n  rank 1: was killed by SIGABRT"
+    # every rank's story (no SIGUSR1 stacks: no rank was left running), then where rank 1 died
+    stories, died = info.value.details.split("\n\n", 1)
+    assert stories == "Ranks:\n  rank 0: finished\n  rank 1: was killed by SIGABRT"
+    assert died.startswith("--- Python stack of rank 1 when it died ---\nFatal Python error: Aborted")
+    assert "abort_once_peers_are_gone" in died
+
+
+def _segfaults_in_a_named_function(rank: guide.Rank) -> None:
+    def read_address_zero() -> None:
+        ctypes.string_at(0)  # SIGSEGV in C: no Python exception, no error record
+
+    if rank.rank == 1:
+        read_address_zero()
+
+
+def test_rank_killed_by_a_fatal_signal_reports_where_it_died() -> None:
+    """faulthandler in the rank writes its Python stack on SIGSEGV; the launcher shows it."""
+    with pytest.raises(guide.RankDied, match="rank 1 of 2 was killed by SIGSEGV") as info:
+        guide.launch(_segfaults_in_a_named_function, 2, collective_timeout_s=10)
+    assert "--- Python stack of rank 1 when it died ---" in info.value.details
+    assert "Fatal Python error: Segmentation fault" in info.value.details
+    assert "read_address_zero" in info.value.details
+    assert "_segfaults_in_a_named_function" in info.value.details
+
+
+def test_a_rank_killed_by_sigkill_has_no_stack_to_show() -> None:
+    """SIGKILL cannot be caught: the story says so by its absence, not with a stale stack."""
+    def worker(rank: guide.Rank) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    with pytest.raises(guide.RankDied, match="rank 0 of 1 was killed by SIGKILL") as info:
+        guide.launch(worker, 1)
+    assert "when it died" not in str(info.value)
 
 
 def test_one_rank_job_that_kills_itself_is_named() -> None:

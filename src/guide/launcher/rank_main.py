@@ -6,7 +6,9 @@ reads (see ``guide.launcher.supervise``):
 
 * ``rank{r}.result``: the worker's return value (cloudpickle), written atomically on success;
 * ``rank{r}.error``: JSON ``{time, type, message, traceback}`` when the rank raised;
-* ``rank{r}.stack``: the rank's Python stack, written by faulthandler when the parent sends SIGUSR1.
+* ``rank{r}.stack``: the rank's Python stack, written by faulthandler when the parent sends SIGUSR1,
+  or when a fatal signal (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) kills the rank: then the parent
+  reports where it died.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def rank_main(rank: int, spec: Spec) -> None:
     workdir = Path(spec.workdir)
     stack_file = open(workdir / f"rank{rank}.stack", "w")  # noqa: SIM115 (lives as long as the rank)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    faulthandler.enable(file=stack_file, all_threads=True)  # a crash leaves its stack here too
     _watch_parent(spec.parent_pid)
     if spec.loopback:
         os.environ["GLOO_SOCKET_IFNAME"] = spec.loopback  # gloo's own sockets stay on loopback too

@@ -52,13 +52,16 @@ class RankExit:
     ``exitcode`` is the process's (``None``: still running when the job was stopped; negative: the
     signal that killed it). ``seen_at`` is the wall-clock time (``time.time()``) the supervisor saw
     the process gone. ``error`` is the rank's own record when it raised: ``time`` (when it raised,
-    ``time.time()`` in the rank), ``type``, ``message`` and ``traceback``.
+    ``time.time()`` in the rank), ``type``, ``message`` and ``traceback``. ``fatal_stack`` is the
+    Python stack faulthandler wrote when a fatal signal killed the rank (empty otherwise, and for
+    SIGKILL, which no process can catch).
     """
 
     rank: int
     exitcode: int | None
     seen_at: float | None = None
     error: dict[str, Any] | None = None
+    fatal_stack: str = ""
 
     @property
     def failed(self) -> bool:
@@ -149,7 +152,10 @@ def failure(exits: Sequence[RankExit], collective_timeout_s: float,
             root, err["type"], err["traceback"], with_stacks)
     exitcode = exits[root].exitcode
     assert exitcode is not None  # root_cause only returns a failed rank
-    return RankDied(f"rank {root} of {ws} {describe_exit(exitcode)}.", root, with_stacks)
+    died = exits[root].fatal_stack
+    where = f"\n\n--- Python stack of rank {root} when it died ---\n{died}" if died else ""
+    return RankDied(f"rank {root} of {ws} {describe_exit(exitcode)}.", root,
+                    with_stacks + where)
 
 
 def describe_exit(code: int) -> str:
@@ -183,8 +189,10 @@ def _exit_record(rank: int, proc: Any, workdir: Path, seen_dead: dict[int, float
         return RankExit(rank, code, seen_dead.get(rank))
     path = workdir / f"rank{rank}.error"
     error = json.loads(path.read_text()) if path.exists() else None
+    stack = workdir / f"rank{rank}.stack"  # faulthandler's, if a fatal signal killed the rank
+    fatal_stack = stack.read_text().strip() if code < 0 and stack.exists() else ""
     # A rank that died after the last poll is dated now: later than anything it could have caused.
-    return RankExit(rank, code, seen_dead.get(rank, time.time()), error)
+    return RankExit(rank, code, seen_dead.get(rank, time.time()), error, fatal_stack)
 
 
 def _when(e: RankExit) -> float:
