@@ -39,9 +39,13 @@ ENV = {"OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
 
 def _require_supported_python(session: nox.Session) -> None:
     """Fail (never skip) on a Python the project does not support."""
-    version = session.run_always("python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])",
-                          silent=True, external=True)
-    version = (version or "").strip()
+    ask = ("python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
+    # run_always runs under --install-only and is skipped under --no-install (nox -R); run is the
+    # other way round: one of the two answers in every mode.
+    version = (session.run_always(*ask, silent=True, external=True)
+               or session.run(*ask, silent=True, external=True) or "").strip()
+    if not version:
+        session.error("could not tell which Python this session runs (python -c printed nothing).")
     if version not in SUPPORTED_PYTHONS:
         session.error(f"Python {version} is not supported; use one of {', '.join(SUPPORTED_PYTHONS)} "
                       f"(e.g. `pipx run --python python3.12 nox -s {session.name}`).")

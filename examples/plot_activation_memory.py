@@ -44,7 +44,7 @@ import guide
 from guide import checks, claims, constants, sharding
 from guide.data import rank_slice, synthetic_batches
 from guide.dtensor import full_state
-from guide.memory import (PRECISIONS, PRESETS, PeakMemory, current_bytes,
+from guide.memory import (PRECISIONS, PRESETS, RESOLUTION_BYTES, PeakMemory, current_bytes,
                           per_rank_state_bytes, prepare, state_bytes_for_count)
 from guide.memory.activations import (
     KORTHIKANTI_SBH,
@@ -325,17 +325,16 @@ drop = checks.assert_learns("FSDP2, checkpointed", ckpt["losses"])
 # PeakMemory sees the same drop in the process's resident memory after the forward,
 # within its resolution: resident memory moves in pages, and small allocations
 # (LayerNorm statistics, autograd's graph nodes, Python objects) come from the heap,
-# which may or may not take new pages for them. The check allows ``RESOLUTION``
-# between the two drops; the table below prints both.
+# which may or may not take new pages for them. The check allows
+# :data:`guide.memory.RESOLUTION_BYTES` between the two drops; the table below prints both.
 saved_drop = plain["saved"] - ckpt["saved"]
 rss_drop = plain["after_forward"] - ckpt["after_forward"]
-RESOLUTION = 1 * MiB
 if plain["device"] == "cpu":
-    checks.expect(abs(rss_drop - saved_drop) <= RESOLUTION, "resident memory agrees",
+    checks.expect(abs(rss_drop - saved_drop) <= RESOLUTION_BYTES, "resident memory agrees",
                   f"FSDP2 x{N}, rank 0", f"resident memory after the forward drops by "
                   f"{rss_drop / MiB:.2f} MiB, the hooks count {saved_drop / MiB:.2f} "
                   "MiB "
-                  f"(resolution {RESOLUTION / MiB:.0f} MiB)")
+                  f"(resolution {RESOLUTION_BYTES / MiB:.0f} MiB)")
 t_plain, t_ckpt = (statistics.median(r["seconds"]) for r in (plain, ckpt))
 AC = dict(model=repr(CFG), seq_len=SEQ, micro_batch=MICRO, world_size=N)
 

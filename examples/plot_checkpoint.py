@@ -46,7 +46,7 @@ import guide
 from guide import checkpoint, checks, claims, plotting, report
 from guide.data import synthetic_batches
 from guide.dtensor import full_state, local_tensor
-from guide.memory import (MMAP_THRESHOLD, PeakMemory, param_shapes, per_rank_state_bytes,
+from guide.memory import (RESOLUTION_BYTES, PeakMemory, param_shapes, per_rank_state_bytes,
                           prepare)
 from guide.model import ModelConfig, TinyLM, build_model
 from guide.sharding import Strategy, apply_ddp, apply_fsdp2
@@ -233,8 +233,7 @@ def big_saves(rank, root, group) -> dict:
         save_s = time.perf_counter() - start
     with PeakMemory(device="cpu") as full:
         tensors = full_state_dict(model, opt, rank, root / "big-full.pt")
-    held = sum(t.nbytes for t in tensors.values())
-    heap = sum(t.nbytes for t in tensors.values() if t.nbytes < MMAP_THRESHOLD)
+    held = sum(t.nbytes for t in tensors.values())  # 0 off rank 0
     del tensors
     start = time.perf_counter()
     msd, osd = get_state_dict(model, opt)
@@ -247,8 +246,7 @@ def big_saves(rank, root, group) -> dict:
     checkpoint.publish(partial, group)
     blocked_s = call_s + time.perf_counter() - start
     return {"peak_sharded": sharded.peak_bytes, "peak_full": full.peak_bytes,
-            "full_held": held, "full_heap": heap, "save_s": save_s,
-            "async_blocked_s": blocked_s}
+            "full_held": held, "save_s": save_s, "async_blocked_s": blocked_s}
 
 
 # %%
@@ -504,10 +502,9 @@ print(report.table(
 # The full state dict, and one file for ``torch.load``
 # ----------------------------------------------------
 # On ``BIG``, the full state dict made rank 0 hold every tensor of the model and the optimizer at
-# once: its peak is the whole model state, less at most its tensors under
-# :data:`guide.memory.MMAP_THRESHOLD`, which come from glibc's heap and may reuse pages that were
-# already resident (:class:`~guide.memory.PeakMemory` does not see those; on one Python the peak
-# fell short of the state by about their size). The sharded save's peak is about the rank's own
+# once: its peak is the whole model state, to within :data:`guide.memory.RESOLUTION_BYTES` (small
+# tensors come from glibc's heap and may reuse pages that were already resident, which
+# :class:`~guide.memory.PeakMemory` does not see). The sharded save's peak is about the rank's own
 # share (DCP serializes the rows it writes), a fraction that shrinks as the world grows. The full
 # state dict's file is what a single process loads with ``torch.load(..., weights_only=True)``.
 # ``weights_only`` matters: a checkpoint is a pickle, and unpickling without it runs whatever code
@@ -522,9 +519,9 @@ share = per_rank_state_bytes(big_shapes, "fsdp2", SOURCE_N, "fp32", "adamw",
 checks.expect(big["full_held"] == whole.params + whole.optimizer, "full state dict",
               "rank 0", f"held {big['full_held']:,} bytes; the whole model state is "
               f"{whole.params + whole.optimizer:,}.")
-checks.expect(big["peak_full"] >= big["full_held"] - big["full_heap"], "full state dict",
+checks.expect(big["peak_full"] >= big["full_held"] - RESOLUTION_BYTES, "full state dict",
               "rank 0", f"peak {big['peak_full']:,} bytes, below the {big['full_held']:,} it "
-              f"held less the {big['full_heap']:,} in tensors under MMAP_THRESHOLD.")
+              f"held by more than RESOLUTION_BYTES = {RESOLUTION_BYTES:,}.")
 checks.expect(big["peak_sharded"] < 1.5 * (share.params + share.optimizer),
               "sharded save", "rank 0",
               f"peak {big['peak_sharded']:,} bytes, not below 1.5 x its share "

@@ -19,6 +19,7 @@ from guide.memory.architectures import PRESETS, Architecture
 from guide.memory.measured import measure, param_shapes, reducer_bucket_bytes, storage_bytes
 from guide.memory.peak import (
     MMAP_THRESHOLD,
+    RESOLUTION_BYTES,
     PeakMemory,
     current_bytes,
     data_segment_bytes,
@@ -42,7 +43,7 @@ from guide.memory.state import GB, StateBytes, GiB
 
 __all__ = [
     "GB", "GPU_MEMORY_CONSTANTS", "GPU_TOTAL_MEMORY_GIB", "GiB", "MMAP_THRESHOLD", "PRECISIONS",
-    "PRESETS", "WORLD_SIZES",
+    "PRESETS", "RESOLUTION_BYTES", "WORLD_SIZES",
     "Architecture", "PeakMemory", "Precision", "StateBytes", "activation_bytes", "current_bytes",
     "data_segment_bytes", "is_prepared", "measure", "min_world_size", "param_shapes",
     "per_rank_state_bytes", "prepare", "reducer_bucket_bytes", "state_bytes_by_rank",

@@ -26,10 +26,12 @@ That is only a measure of the *model's* memory if freed memory really leaves the
 default heap keeps freed blocks (up to its dynamic mmap threshold, 32 MiB on 64-bit) and fragments:
 measured with torch 2.13 on gloo, FSDP2 then *looked* bigger than DDP. :func:`prepare` sets glibc's
 ``M_MMAP_THRESHOLD`` to 64 KiB, so every allocation above that is its own ``mmap`` and goes back to
-the kernel on ``free``; with it, per-rank peaks grow with depth exactly as the model state does
-(the "memory against depth" example asserts it). Allocations below 64 KiB still come from the heap and may reuse
-pages that were resident before entry: they are undercounted, never overcounted. (Call
-:func:`prepare` before the model is built; :func:`guide.launch` with ``memory_limit_mib`` does the same.)
+the kernel on ``free``; with it, per-rank peaks grow with depth as the model state does, plus a
+small per-block remainder (the "memory against depth" example asserts it). Allocations below
+64 KiB still come from the heap and may reuse pages that were resident before entry: they are
+undercounted, never overcounted (the site's checks allow :data:`RESOLUTION_BYTES` for this).
+(Call :func:`prepare` before the model is built; :func:`guide.launch` with ``memory_limit_mib``
+does the same.)
 Measure a step *after* a warm-up step, so that lazily imported code and one-time buffers are not
 charged to it.
 
@@ -51,12 +53,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["MMAP_THRESHOLD", "PeakMemory", "current_bytes", "data_segment_bytes", "is_prepared",
-           "prepare"]
+__all__ = ["MMAP_THRESHOLD", "PeakMemory", "RESOLUTION_BYTES", "current_bytes",
+           "data_segment_bytes", "is_prepared", "prepare"]
 
 #: The glibc mmap threshold :func:`prepare` sets (bytes): every allocation above it is a private
 #: ``mmap`` that ``free`` returns to the kernel at once. Same value as ``guide.launch(memory_limit_mib=...)``.
 MMAP_THRESHOLD = 64 * 1024
+
+#: How far a CPU reading (resident memory) may miss the tensor bytes it should see, either way:
+#: pages, allocations under :data:`MMAP_THRESHOLD` that reuse heap pages already resident, Python
+#: objects made or freed inside the block. A check that compares a CPU :class:`PeakMemory` or
+#: :func:`current_bytes` difference with counted tensor bytes allows this much.
+RESOLUTION_BYTES = 2**20
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 _STATUS = Path("/proc/self/status")
