@@ -177,13 +177,14 @@ def target(rank, root, layout: str, with_optimizer: bool = True) -> dict:
 # ``StateDictOptions(full_state_dict=True, cpu_offload=True)`` gathers every tensor whole onto rank
 # 0's CPU memory (the other ranks get ``{}``): one plain file that ``torch.save`` writes and any
 # single process reads, at the price of the whole model state on one rank.
-def full_state_dict(model, opt, rank, path) -> dict[str, torch.Tensor]:
+def full_state_dict(model, opt, rank, path) -> int:
     msd, osd = get_state_dict(model, opt,
                               options=StateDictOptions(full_state_dict=True,
                                                        cpu_offload=True))
     if rank.is_main:
         torch.save({"model": msd, "optim": osd}, path)
-    return checkpoint.flat_tensors([msd, osd])  # empty off rank 0
+    tensors = checkpoint.flat_tensors([msd, osd])
+    return sum(t.nbytes for t in tensors.values())  # 0 off rank 0
 
 
 # %%
@@ -232,9 +233,7 @@ def big_saves(rank, root, group) -> dict:
         save(model, opt, root / "big-sharded")
         save_s = time.perf_counter() - start
     with PeakMemory(device="cpu") as full:
-        tensors = full_state_dict(model, opt, rank, root / "big-full.pt")
-    held = sum(t.nbytes for t in tensors.values())  # 0 off rank 0
-    del tensors
+        held = full_state_dict(model, opt, rank, root / "big-full.pt")
     start = time.perf_counter()
     msd, osd = get_state_dict(model, opt)
     partial = checkpoint.begin_save(root / "big-async", group)

@@ -135,22 +135,14 @@ def test_rank_killed_by_a_fatal_signal_reports_where_it_died() -> None:
     assert "_segfaults_in_a_named_function" in info.value.details
 
 
-def test_a_rank_killed_by_sigkill_has_no_stack_to_show() -> None:
-    """SIGKILL cannot be caught: the story says so by its absence, not with a stale stack."""
+def test_one_rank_job_that_kills_itself_is_named() -> None:
+    """SIGKILL cannot be caught, so there is no stack of where it died (and no stale one shown)."""
     def worker(rank: guide.Rank) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     with pytest.raises(guide.RankDied, match="rank 0 of 1 was killed by SIGKILL") as info:
         guide.launch(worker, 1)
     assert "when it died" not in str(info.value)
-
-
-def test_one_rank_job_that_kills_itself_is_named() -> None:
-    def worker(rank: guide.Rank) -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    with pytest.raises(guide.RankDied, match="rank 0 of 1 was killed by SIGKILL"):
-        guide.launch(worker, 1)
 
 
 def test_rank_that_exits_without_raising_is_named() -> None:
