@@ -23,6 +23,7 @@ STORY = (
     "plot_gradient_clipping.py",
     "plot_hsdp.py",
     "plot_checkpoint.py",
+    "plot_finetune_lora.py",
     "plot_fsdp1_migration.py",
     "plot_pitfalls.py",
 )

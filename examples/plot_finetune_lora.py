@@ -585,8 +585,8 @@ print(f"use_orig_params=False: ValueError: {f1['refusal'].splitlines()[0]}")
 # %%
 # Pretrained weights in, without a full copy per rank
 # ---------------------------------------------------
-# Every rank's shard must equal its rows of the file, bit for bit (each rank reads its rows back with
-# ``safe_open(...).get_slice``), and the re-initialised buffer the sinusoids. The memory is each
+# Every rank's shard must equal its rows of the file, bit for bit (each rank reads its rows back
+# with ``safe_open(...).get_slice``), and the re-initialised buffer the sinusoids. The memory is each
 # rank's resident peak during the load, to within :data:`guide.memory.RESOLUTION_BYTES`. The naive
 # way holds the whole model twice on every rank (the model built, the file read). With the recipe,
 # rank 0 holds the file plus its shard, and every other rank its shard plus one tensor in flight:
