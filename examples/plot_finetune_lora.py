@@ -173,6 +173,8 @@ from guide.memory.finetune import finetune_state_bytes
 from guide.model import Block, ModelConfig
 from guide.training import make_optimizer, mean_over_ranks, next_token_loss, train_steps
 
+if guide.under_torchrun():
+    prepare()  # this process is a rank: freed memory must leave it before anything is measured
 WORLD_SIZE = guide.world_size(2)  # torchrun's WORLD_SIZE under torchrun
 SUPPORTED_WORLD_SIZES = (1, 2, 3, 4)
 CFG = ModelConfig(vocab=2048, d_model=256, n_layers=6, n_heads=4, d_mlp=1024, max_seq=32)
@@ -588,7 +590,8 @@ print(f"use_orig_params=False: ValueError: {f1['refusal'].splitlines()[0]}")
 # Every rank's shard must equal its rows of the file, bit for bit (each rank reads its rows back
 # with ``safe_open(...).get_slice``), and the re-initialised buffer the sinusoids. The memory is each
 # rank's resident peak during the load, to within :data:`guide.memory.RESOLUTION_BYTES`. The naive
-# way holds the whole model twice on every rank (the model built, the file read). With the recipe,
+# way holds at least the whole model on every rank, about twice here (the model built, the file
+# read, before ``fully_shard`` keeps the rank's rows). With the recipe,
 # rank 0 holds the file plus its shard, and every other rank its shard plus one tensor in flight:
 # ``set_model_state_dict`` broadcasts one whole tensor at a time and keeps the receiver's rows.
 LARGEST = max(p.numel() * 4 for p in SHAPED.parameters())  # bytes of the largest fp32 tensor
@@ -598,8 +601,8 @@ for r, res in enumerate(LORA):
     checks.expect(not res["mismatches"] and res["buffer_ok"], "pretrained load", f"rank {r}",
                   f"shards unlike the file: {res['mismatches']}; buffer re-initialised: "
                   f"{res['buffer_ok']}.")
-    checks.expect(res["naive_peak"] >= 2 * MODEL_BYTES - RESOLUTION_BYTES, "naive load",
-                  f"rank {r}", f"peak {res['naive_peak']:,} B, below twice the model.")
+    checks.expect(res["naive_peak"] >= MODEL_BYTES - RESOLUTION_BYTES, "naive load",
+                  f"rank {r}", f"peak {res['naive_peak']:,} B, below the model it built.")
     in_flight = LARGEST + math.ceil(LARGEST / N)  # the tensor received, and the rows kept
     bound = PRED[r].params + in_flight + RESOLUTION_BYTES
     if r == 0:
