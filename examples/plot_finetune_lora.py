@@ -169,7 +169,7 @@ from guide.data import rank_slice, synthetic_batches
 from guide.dtensor import full_state, local_tensor
 from guide.memory import (RESOLUTION_BYTES, PeakMemory, measure, per_rank_state_bytes,
                           prepare)
-from guide.memory.finetune import finetune_state_bytes
+from guide.memory.finetune import finetune_state_bytes, lora_shapes
 from guide.model import Block, ModelConfig
 from guide.training import make_optimizer, mean_over_ranks, next_token_loss, train_steps
 
@@ -315,17 +315,19 @@ def load_sharded(mesh, path) -> nn.Module:
     return model
 
 
-def file_mismatches(model: nn.Module, path, rank: guide.Rank) -> list[str]:
-    """Parameters whose local shard is not, bit for bit, its rows of the file (read by slice)."""
-    bad = []
+def file_mismatches(model: nn.Module, path, rank: guide.Rank) -> tuple[list[str], int]:
+    """Parameters whose local shard is not, bit for bit, its rows of the file (read by slice),
+    and how many were compared."""
+    bad, compared = [], 0
     with safetensors.safe_open(path, "pt") as f:
         for name, p in model.named_parameters():
             if name in f.keys():
                 rows = math.ceil(p.shape[0] / rank.world_size)
                 want = f.get_slice(name)[rank.rank * rows:(rank.rank + 1) * rows]
+                compared += 1
                 if not torch.equal(p.to_local(), want):
                     bad.append(name)
-    return bad
+    return bad, compared
 
 
 def train(model: nn.Module, rank: guide.Rank, steps: torch.Tensor = BATCHES):
@@ -347,9 +349,14 @@ def lora_run(rank: guide.Rank, mesh, path, exported) -> dict:
     del model
     with PeakMemory("cpu") as sharded:
         model = load_sharded(mesh, path)
+    bad, compared = file_mismatches(model, path, rank)  # checked here: no garbage into training
+    checks.expect(not bad, "pretrained load", f"rank {rank.rank}",
+                  f"local shards unlike their rows of the file: {bad}.")
+    checks.expect(torch.equal(model.positions, sinusoids(CFG.max_seq, CFG.d_model)),
+                  "pretrained load", f"rank {rank.rank}", "the non-persistent buffer is not the "
+                  "sinusoids: re-initialise it after to_empty (init_buffers).")
     out = {"naive_peak": naive.peak_bytes, "sharded_peak": sharded.peak_bytes,
-           "mismatches": file_mismatches(model, path, rank),
-           "buffer_ok": torch.equal(model.positions, sinusoids(CFG.max_seq, CFG.d_model))}
+           "compared": compared}
     opt, log, out["losses"] = train(model, rank)
     out["comm"] = per_step(log)
     out["frozen_with_grad"] = [n for n, p in model.named_parameters()
@@ -447,6 +454,10 @@ with torch.device("meta"):
 FROZEN = [tuple(p.shape) for p in SHAPED.parameters() if not p.requires_grad]
 TRAINABLE = [tuple(p.shape) for p in SHAPED.parameters() if p.requires_grad]
 N = WORLD_SIZE
+linears = [tuple(m.weight.shape) for m in SHAPED.modules() if isinstance(m, LoRALinear)]
+checks.expect(TRAINABLE == lora_shapes(linears, LORA_RANK), "adapters only", "add_lora",
+              f"trainable shapes {TRAINABLE[:4]}..., a rank-{LORA_RANK} LoRA of the block linears "
+              "is (r, d_in), (d_out, r) each: is the base frozen?")
 for r, res in enumerate(LORA):
     checks.expect(not res["frozen_with_grad"] and not res["trainable_without_grad"],
                   "frozen stays frozen", f"rank {r}", f"frozen with a gradient: "
@@ -588,19 +599,17 @@ print(f"use_orig_params=False: ValueError: {f1['refusal'].splitlines()[0]}")
 # Pretrained weights in, without a full copy per rank
 # ---------------------------------------------------
 # Every rank's shard must equal its rows of the file, bit for bit (each rank reads its rows back
-# with ``safe_open(...).get_slice``), and the re-initialised buffer the sinusoids. The memory is each
-# rank's resident peak during the load, to within :data:`guide.memory.RESOLUTION_BYTES`. The naive
-# way holds at least the whole model on every rank, about twice here (the model built, the file
-# read, before ``fully_shard`` keeps the rank's rows). With the recipe,
-# rank 0 holds the file plus its shard, and every other rank its shard plus one tensor in flight:
-# ``set_model_state_dict`` broadcasts one whole tensor at a time and keeps the receiver's rows.
+# with ``safe_open(...).get_slice``), and the re-initialised buffer the sinusoids; each rank checks
+# both before it trains. The memory is each rank's resident peak during the load, to within
+# :data:`guide.memory.RESOLUTION_BYTES`. The naive way holds at least the whole model on every rank,
+# about twice here (the model built, the file read, before ``fully_shard`` keeps the rank's rows).
+# With the recipe, rank 0 holds the file plus its shard, and every other rank its shard plus one
+# tensor in flight: ``set_model_state_dict`` broadcasts one whole tensor at a time and keeps the
+# receiver's rows.
 LARGEST = max(p.numel() * 4 for p in SHAPED.parameters())  # bytes of the largest fp32 tensor
 ADAPTER_BYTES = 4 * n_trainable
 res_mib = ledger.claim("memory.resolution_bytes", RESOLUTION_BYTES, "bytes")
 for r, res in enumerate(LORA):
-    checks.expect(not res["mismatches"] and res["buffer_ok"], "pretrained load", f"rank {r}",
-                  f"shards unlike the file: {res['mismatches']}; buffer re-initialised: "
-                  f"{res['buffer_ok']}.")
     checks.expect(res["naive_peak"] >= MODEL_BYTES - RESOLUTION_BYTES, "naive load",
                   f"rank {r}", f"peak {res['naive_peak']:,} B, below the model it built.")
     in_flight = LARGEST + math.ceil(LARGEST / N)  # the tensor received, and the rows kept
@@ -613,6 +622,10 @@ for r, res in enumerate(LORA):
                       f"peak {res['sharded_peak']:,} B above its shard {PRED[r].params:,} + "
                       f"one tensor in flight {in_flight:,} + {RESOLUTION_BYTES:,}.")
 MIB = 2**20
+compared = ledger.claim("finetune.load.tensors_equal_to_file", LORA[0]["compared"], "tensors",
+                        **RUN)  # checked: pretrained load (in each rank, bitwise)
+print(f"Each rank's shards of the {compared} pretrained tensors equal their rows of the file, "
+      "bit for bit; the buffer is re-initialised.")
 rows = [[f"rank {r}",
          ledger.claim(f"finetune.load.naive.rank{r}.peak_mib", round(res["naive_peak"] / MIB, 1),
                       "MiB", **RUN),  # checked: naive load
