@@ -165,8 +165,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 import guide
 from guide import checkpoint, checks, claims, plotting, precision, report
 from guide.comm import CollectiveLog, fsdp2_padded_numel
-from guide.data import rank_slice, synthetic_batches
-from guide.dtensor import full_state, local_tensor
+from guide.data import synthetic_batches
 from guide.memory import (RESOLUTION_BYTES, PeakMemory, measure, per_rank_state_bytes,
                           prepare)
 from guide.memory.finetune import finetune_state_bytes, lora_shapes
@@ -690,6 +689,7 @@ right.axhline(MODEL_BYTES / MIB, color="black", ls="--", lw=1, label="the model"
 right.set(xticks=list(ranks), xlabel="rank", ylabel="peak during the load (MiB)")
 right.legend(loc="upper right", fontsize=8)
 plt.show()
+# sphinx_gallery_thumbnail_number = 1
 
 if not guide.under_torchrun():
     shutil.rmtree(ROOT)
