@@ -322,7 +322,6 @@ ax.invert_yaxis()
 ax.set_xlabel("KiB sent per rank per step (ring model of the counted calls)")
 ax.set_title(f"TP {TP} x FSDP2 {DP}: activations cross the tp group, weights the dp group",
              fontsize=10)
-fig.tight_layout()
 plt.show()
 
 # %%
