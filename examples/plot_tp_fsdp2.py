@@ -339,7 +339,8 @@ checks.expect({lay.placements for r in whole for lay in r["layouts"]}
               "some parameter is not (Replicate(), Shard(dim=0))")
 checks.expect(hsdp > runs["adamw"][0]["state"].model_state, "whole mesh is HSDP", "memory",
               f"HSDP holds {hsdp} B, 2-D {runs['adamw'][0]['state'].model_state} B")
-print(f"torch, fully_shard(block, mesh=mesh) after TP:\n  RuntimeError: {whole[0]['error']}")
+print("torch, fully_shard(block, mesh=mesh) after TP:\n  RuntimeError: "
+      + whole[0]["error"].splitlines()[0])
 
 # %%
 # **A gradient norm from** ``to_local()``. A rank's local tensors are its shards, so the norm of
@@ -381,7 +382,7 @@ checks.expect(ref_norm > MAX_NORM, "clipping happens", "reference",
 dgrad = checks.assert_params_match("clip_by_mesh", ref_grads, clip[0]["grads"],
                                    checks.PARAM_TOL["sgd"], check="clipped gradients")
 print(f"torch, clip_grad_norm_(model.parameters(), {MAX_NORM}):\n  RuntimeError: "
-      f"{clip[0]['error']}")
+      + clip[0]["error"].splitlines()[0])
 # checked: clipped gradients
 print(f"clip_by_mesh: clipped gradients = one process's within "
       f"{ledger.claim('tp-fsdp2.clip.grad_gap', float(f'{dgrad:.1e}'), 'absolute', **NORM):.1e}"
@@ -391,12 +392,12 @@ print(f"clip_by_mesh: clipped gradients = one process's within "
 # %%
 # 6. When the second dimension pays (an estimate)
 # -----------------------------------------------
-# Not measured: :func:`guide.comm.tp.tp_fsdp_estimate` for presets on 1,024 GPUs, sequences of
-# 8,192 tokens, one sequence per data-parallel rank, 16-bit weights and activations, a fused
-# attention kernel, no activation checkpointing and no sequence parallelism (Korthikanti et al.,
+# Not measured: :func:`guide.comm.tp.tp_fsdp_estimate` for presets on ``GPUS`` GPUs,
+# sequences of ``EST_SEQ`` tokens (both in the table's title), one sequence per data-parallel
+# rank, 16-bit weights and activations, a fused attention kernel, no activation checkpointing and no sequence parallelism (Korthikanti et al.,
 # Table 2: ``s*b*h*(10 + 24/t)`` bytes per layer). With ``t`` GPUs of a node sharing one sequence,
 # each GPU keeps less of that sequence's activations and gathers 1/t of each layer, and a global
-# batch of ``1024/t`` sequences is enough to use every GPU; the price is four activation
+# batch of ``GPUS/t`` sequences is enough to use every GPU; the price is four activation
 # all-reduces per layer and step, which only NVLink carries fast enough.
 GPUS, EST_SEQ = 1024, 8192
 est_rows = []
@@ -416,5 +417,9 @@ for preset in ("llama-3-8b", "llama-3-70b", "llama-3.1-405b"):
                                       round(e.tp_all_reduce_bytes / 2**20, 1), "MiB", **EST)])
 print(table(est_rows, ["preset", "tp", "global batch", "activations/GPU (GiB)",
                        "gathered layer (MiB)", "TP all-reduce/layer (MiB)"],
+            formats={"activations/GPU (GiB)": ",.1f", "gathered layer (MiB)": ",.1f",
+                     "TP all-reduce/layer (MiB)": ",.1f"},
             title=f"ESTIMATE: {GPUS} GPUs, {EST_SEQ} tokens, 1 sequence per dp rank"))
 print("\nAll checks passed: TP + FSDP2 places, holds, trains and communicates as predicted.")
+
+# sphinx_gallery_thumbnail_number = 1
