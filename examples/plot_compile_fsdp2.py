@@ -188,10 +188,10 @@ print(table([[name,
 # %%
 # 3. Where the whole-model compile breaks
 # ---------------------------------------
-# ``model.compile()`` after ``fully_shard`` traces ``TinyLM.forward`` until the loop over the
-# blocks calls the first block, whose pre-forward hook is FSDP2's, wrapped by torch in
-# ``torch._dynamo.disable``: a graph break inside a loop, so Dynamo gives up on the whole frame
-# and runs ``TinyLM.forward`` eagerly, then compiles each block's call on its own, which is the
+# ``model.compile()`` after ``fully_shard`` meets FSDP2's hooks, which torch wraps in
+# ``torch._dynamo.disable``: first the root's pre-forward hook, then, inside the loop over the
+# blocks, the first block's. A graph break inside a loop makes Dynamo give up on the whole frame:
+# ``TinyLM.forward`` runs eagerly and each block's call is compiled on its own, which is the
 # per-block compile with extra frames (the table above). Torch's reasons, as Dynamo counted them:
 for reason in whole[0].break_reasons:
     print(f"- {reason}")

@@ -214,8 +214,14 @@ checks.expect(not mismatches, "2-D placements", f"({DP}, {TP}) mesh",
 layout0 = {lay.name: lay for lay in runs["sgd"][0]["layouts"]}
 shown = ["blocks.0.q.weight", "blocks.0.proj.weight", "blocks.0.proj.bias",
          "blocks.0.fc1.bias", "blocks.0.ln1.weight", "tok_emb.weight"]
-print(table([[n, str(layout0[n].global_shape), layout0[n].placements,
-              str(layout0[n].local_shape)] for n in shown],
+LAYOUT = dict(SETUP, rank=0)
+print(table([[n, str(layout0[n].global_shape),
+              # checked: 2-D placements
+              ledger.claim(f"tp-fsdp2.layout.{n}.placements", layout0[n].placements,
+                           "placements", **LAYOUT),
+              # checked: 2-D placements
+              ledger.claim(f"tp-fsdp2.layout.{n}.local_shape", str(layout0[n].local_shape),
+                           "shape", **LAYOUT)] for n in shown],
             ["parameter", "global", "placements (dp, tp)", "rank 0 local"],
             title=f"{N_PARAMS:,} parameters on a ({DP}, {TP}) mesh: every rank as predicted"))
 
@@ -243,11 +249,14 @@ print(table([["one process", ledger.claim("tp-fsdp2.state.full", full, "bytes",
               # checked: 2-D memory
               ledger.claim("tp-fsdp2.state.rank0", runs["adamw"][0]["state"].model_state,
                            "bytes", **MEM),
+              # checked: 2-D memory
               ledger.claim("tp-fsdp2.state.rank0_fraction",
                            round(runs["adamw"][0]["state"].model_state / full, 3),
                            "fraction", **MEM)],
-             [f"whole mesh to fully_shard (HSDP), rank 0",
+             ["whole mesh to fully_shard (HSDP), rank 0",
+              # checked: whole mesh is HSDP
               ledger.claim("tp-fsdp2.pitfall.whole_mesh.state.rank0", hsdp, "bytes", **MEM),
+              # checked: whole mesh is HSDP
               ledger.claim("tp-fsdp2.pitfall.whole_mesh.state.rank0_fraction",
                            round(hsdp / full, 3), "fraction", **MEM)]],
             ["AdamW model state", "bytes", "of one process"],
@@ -312,6 +321,7 @@ for dim in ("tp", "dp"):
             # checked: comm volume
             ledger.claim(f"tp-fsdp2.step.{dim}.{kind}.elements",
                          sum(c.numel for c in mine_) // (STEPS - 1), "elements", **COMM),
+            # checked: comm volume (ring bytes of the checked calls)
             ledger.claim(f"tp-fsdp2.step.{dim}.{kind}.ring_kib",
                          round(sum(ring_bytes(c) for c in mine_) / (STEPS - 1) / 2**10, 2),
                          "KiB", **COMM)])
@@ -333,8 +343,8 @@ plt.show()
 # ---------------------------------
 # **The whole mesh to** ``fully_shard``. After TP, torch refuses it (the message below). Without
 # TP, it is accepted and silently makes HSDP: ``"tp"`` becomes the shard dimension, ``"dp"`` a
-# replica dimension, every parameter ``(Replicate(), Shard(dim=0))`` and each rank holds 1/2 of the
-# model, not 1/4 (section 2's table). The fix: ``mesh["dp"]``.
+# replica dimension, every parameter ``(Replicate(), Shard(dim=0))``, and each rank holds 1/tp of
+# the model instead of about 1/(dp x tp) (section 2's table). The fix: ``mesh["dp"]``.
 whole = runs["whole_mesh"]
 checks.expect(all(r["error"] and "overlapping meshes" in r["error"] for r in whole),
               "whole mesh after TP", "fully_shard", f"torch said {whole[0]['error']!r}")
@@ -398,8 +408,9 @@ print(f"clip_by_mesh: clipped gradients = one process's within "
 # -----------------------------------------------
 # Not measured: :func:`guide.comm.tp.tp_fsdp_estimate` for presets on ``GPUS`` GPUs,
 # sequences of ``EST_SEQ`` tokens (both in the table's title), one sequence per data-parallel
-# rank, 16-bit weights and activations, a fused attention kernel, no activation checkpointing and no sequence parallelism (Korthikanti et al.,
-# Table 2: ``s*b*h*(10 + 24/t)`` bytes per layer). With ``t`` GPUs of a node sharing one sequence,
+# rank, 16-bit weights and activations, a fused attention kernel, no activation checkpointing
+# and no sequence parallelism (Korthikanti et al., Table 2: ``s*b*h*(10 + 24/t)`` bytes per
+# layer). With ``t`` GPUs of a node sharing one sequence,
 # each GPU keeps less of that sequence's activations and gathers 1/t of each layer, and a global
 # batch of ``GPUS/t`` sequences is enough to use every GPU; the price is four activation
 # all-reduces per layer and step, which only NVLink carries fast enough.
