@@ -295,7 +295,10 @@ print(table(rows, ["optimizer", "max |Δloss|", "loss tol", "max |Δparam|", "pa
 # colwise input gradient in backward (:func:`guide.comm.tp.tp_step`). In the ``dp`` group:
 # FSDP2's all-gathers and reduce-scatters of the TP-local shards (:func:`guide.comm.tp.
 # tp_fsdp2_step`). Calls and elements per step must equal the model on every rank, and FSDP2's
-# calls, counted again by :class:`guide.comm.CollectiveLog`, must be the dp group's.
+# calls, counted again by :class:`guide.comm.CollectiveLog`, must be the dp group's. Note the
+# backward: ``q``, ``k`` and ``v`` each all-reduce the gradient of the same input, three calls
+# where a fused projection would make one (torchtitan converts the attention's input once, with
+# ``PrepareModuleInput`` on the attention module, for the same reason).
 TOKENS = PER_DP * SEQ
 MODEL = {"tp": tp_step(shapes_model, plan_kinds(PLAN), TOKENS, TP),
          "dp": tp_fsdp2_step(shapes_model, local_shapes, DP)}
