@@ -155,8 +155,10 @@ print(table(rows, ["run", "max |Δloss| vs eager", "all-gathers/step", "reduce-s
 # Dynamo inlines each block's module call and lifts its parameters to graph inputs, so the
 # ``CFG.n_layers`` identical blocks (same code, shapes, dtypes) share one graph and one cache
 # entry: a second graph or a recompile would mean a guard on something that differs per block
-# (torch's reason would be printed). ``fullgraph=True`` already proved no graph break inside a
-# block: one would have raised.
+# (torch's reason would be printed). One such guard is ``requires_grad``: here every block's input
+# is an activation that needs grad (block 0's too: the embeddings' output), but a block fed a
+# tensor that needs none compiles a second graph (``tests/test_compile_fsdp2.py`` shows both).
+# ``fullgraph=True`` already proved no graph break inside a block: one would have raised.
 blocks = [r["dynamo"] for r in runs["per-block compile"]]
 for r, d in enumerate(blocks):
     checks.expect(d.graphs == 1 and d.recompiles == 0 and d.graph_breaks == 0,

@@ -22,12 +22,12 @@ class Scaled(nn.Module):
         return self.lin(x) * self.scale
 
 
-def _run_blocks(scales: list[float]) -> compiled.CompileReport:
+def _run_blocks(scales: list[float], input_grad: bool = True) -> compiled.CompileReport:
     compiled.reset()
     blocks = [Scaled(s) for s in scales]
     for block in blocks:
         block.compile(backend="eager", fullgraph=True)
-    x = torch.randn(2, 4, requires_grad=True)  # as every block's input in a model: an activation
+    x = torch.randn(2, 4, requires_grad=input_grad)  # in a model: an activation, grad required
     for block in blocks:
         x = block(x)
     return compiled.report()
@@ -45,6 +45,14 @@ def test_a_per_block_constant_is_a_recompile_with_torchs_reason() -> None:
     rep = _run_blocks([0.5, 0.25])
     assert rep.recompiles == 1 and rep.graphs == 2
     assert "scale" in rep.recompile_reasons[0]
+
+
+def test_a_first_block_fed_data_recompiles_once() -> None:
+    """Block 0 fed a tensor that needs no grad, the next ones activations: Dynamo guards on
+    requires_grad, so identical blocks still compile twice (TinyLM's block 0 gets the embeddings'
+    output, which needs grad, so the page sees none)."""
+    rep = _run_blocks([0.5, 0.5, 0.5], input_grad=False)
+    assert rep.recompiles == 1 and "requires_grad" in rep.recompile_reasons[0]
 
 
 def test_a_graph_break_is_counted_with_its_reason() -> None:
