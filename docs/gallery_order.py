@@ -22,6 +22,8 @@ STORY = (
     "plot_gradient_accumulation.py",
     "plot_gradient_clipping.py",
     "plot_hsdp.py",
+    "plot_tp_fsdp2.py",
+    "plot_compile_fsdp2.py",
     "plot_checkpoint.py",
     "plot_finetune_lora.py",
     "plot_fsdp1_migration.py",
