@@ -32,9 +32,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, claims, dtensor, plotting, report
+from guide import checks, claims, plotting, report
 from guide.data import synthetic_batches
-from guide.dtensor import full_state
+from guide.layout import full_state, param_layouts
 from guide.model import ModelConfig, build_model
 from guide.sharding import Strategy
 from guide.training import (OPTIMIZERS, make_optimizer, mean_over_ranks, reference_run,
@@ -90,9 +90,9 @@ def ddp_worker(rank: guide.Rank, optimizer: str) -> dict:
     model = DDP(build_model(CFG, device=rank.device))
     initial = full_state(model)
     opt = make_optimizer(optimizer, model.parameters())
-    losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
+    losses = train_steps(model, opt, BATCHES, rank)
     return {"initial": initial, "losses": losses, "params": full_state(model),
-            "layouts": dtensor.param_layouts(model, rank.rank)}
+            "layouts": param_layouts(model, rank.rank)}
 
 
 # %%
@@ -113,9 +113,9 @@ def fsdp2_worker(rank: guide.Rank, optimizer: str) -> dict:
     fully_shard(model, mesh=mesh)
     initial = full_state(model)  # all-gathers the shards: the model the ranks hold
     opt = make_optimizer(optimizer, model.parameters())  # on the sharded parameters
-    losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
+    losses = train_steps(model, opt, BATCHES, rank)
     return {"initial": initial, "losses": losses, "params": full_state(model),
-            "layouts": dtensor.param_layouts(model, rank.rank)}
+            "layouts": param_layouts(model, rank.rank)}
 
 
 DDP_, FSDP2_ = Strategy.DDP, Strategy.FSDP2  # the site's names (label, colour) for them

@@ -24,11 +24,12 @@ single-process training, step for step. A disagreement **fails the docs build**.
 import matplotlib.pyplot as plt
 import torch
 from torch.distributed.tensor import DTensor
+from torch.distributed.device_mesh import init_device_mesh
 
 import guide
 from guide import checks, claims, plotting, report, sharding
 from guide.data import rank_slice, synthetic_batches
-from guide.dtensor import full_state, local_tensor
+from guide.layout import full_state, local_tensor
 from guide.model import ModelConfig, build_model
 from guide.sharding import Strategy
 from guide.training import make_optimizer, mean_over_ranks, next_token_loss
@@ -107,7 +108,8 @@ print(f"reference: {clipped} of {STEPS} steps had a gradient norm above "
 
 
 def fsdp2_worker(rank: guide.Rank) -> dict:
-    model = sharding.wrap(build_model(CFG, device=rank.device), Strategy.FSDP2, rank)
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    model = sharding.apply_fsdp2(build_model(CFG, device=rank.device), mesh)
     opt = make_optimizer("sgd", model.parameters())
     run = clipped_steps(model, opt, BATCHES, rank.rank, rank.world_size)
     return {**run, "params": full_state(model)}

@@ -46,7 +46,7 @@ import guide
 from guide import checks, claims, comm, plotting
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
-from guide.dtensor import full_state, local_tensor, param_layouts
+from guide.layout import full_state, local_tensor, param_layouts
 from guide.memory import measure, param_shapes, state_bytes_by_rank
 from guide.model import ModelConfig, build_model
 from guide.report import table
@@ -103,8 +103,7 @@ def train(model, opt, rank: guide.Rank,
     """This rank's loss per step, and its local shards after each step."""
     losses, shards = [], []
     for batch in batches:
-        losses += train_steps(model, opt, batch[None], rank.rank, rank.world_size,
-                              rank.device)
+        losses += train_steps(model, opt, batch[None], rank)
         shards.append({n: local_tensor(p).detach().clone()
                        for n, p in model.named_parameters()})
     return losses, shards

@@ -33,6 +33,8 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 
+from torch.distributed.device_mesh import init_device_mesh
+
 import guide
 from guide import checks, claims, memory, sharding
 from guide.data import rank_slice, synthetic_batches
@@ -70,7 +72,9 @@ def depth_worker(rank: guide.Rank, strategy: Strategy, n_layers: int) -> dict:
     prepare()
     start = current_bytes()
     model = build_model(config(n_layers), device=rank.device)
-    model = sharding.wrap(model, strategy, rank)  # DDP(model), or fully_shard
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    model = (sharding.apply_ddp(model, mesh) if strategy is Strategy.DDP  # DDP(model)
+             else sharding.apply_fsdp2(model, mesh))  # or fully_shard each block, then the root
     opt = make_optimizer("adamw", model.parameters())
     tokens = rank_slice(BATCHES[0], rank.rank, rank.world_size).to(rank.device)
     with PeakMemory(rank.device) as backward:

@@ -32,7 +32,7 @@ import guide
 from guide import checks, claims, precision
 from guide.comm import CollectiveLog
 from guide.data import synthetic_batches
-from guide.dtensor import dtype_name
+from guide.layout import dtype_name
 from guide.model import ModelConfig, build_model
 from guide.plotting import FLOOR, style
 from guide.report import table
@@ -87,7 +87,7 @@ def mp_worker(rank: guide.Rank, optimizer: str, param_dtype: torch.dtype,
     at_rest_before = precision.stored_dtypes(model)
 
     def train(batches):
-        return train_steps(model, opt, batches, rank.rank, rank.world_size, rank.device)
+        return train_steps(model, opt, batches, rank)
 
     with precision.ForwardDtypes(model) as fwd, CollectiveLog(model) as log:
         losses = train(BATCHES[:1])

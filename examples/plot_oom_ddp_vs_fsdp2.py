@@ -38,6 +38,8 @@ import math
 
 import matplotlib.pyplot as plt
 
+from torch.distributed.device_mesh import init_device_mesh
+
 import guide
 from guide import checks, claims, memory, sharding
 from guide.data import synthetic_batches
@@ -82,11 +84,13 @@ def train_worker(rank: guide.Rank, strategy: Strategy) -> dict:
     start_vmdata = data_segment_bytes()
     prepare()
     start = current_bytes()
-    model = sharding.wrap(build_model(CFG, device=rank.device), strategy, rank)
+    model = build_model(CFG, device=rank.device)
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    model = (sharding.apply_ddp(model, mesh) if strategy is Strategy.DDP
+             else sharding.apply_fsdp2(model, mesh))
     opt = make_optimizer(OPTIMIZER, model.parameters())
     with PeakMemory(rank.device) as peak:
-        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size,
-                             rank.device)
+        losses = train_steps(model, opt, BATCHES, rank)
     return {"losses": losses, "peak": peak.peak_level_bytes - start,
             "start_vmdata": start_vmdata,
             "held": memory.measure(model, opt).total}  # model state + DDP's buckets

@@ -35,7 +35,8 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, claims, comm, dtensor
+from guide import checks, claims, comm
+from guide.layout import ParamLayout, param_layouts
 from guide.comm import CollectiveLog
 from guide.data import rank_slice, synthetic_batches
 from guide.memory import MMAP_THRESHOLD, PeakMemory, prepare
@@ -119,11 +120,10 @@ def worker(rank: guide.Rank, reshard_after_forward) -> dict:
         "reshard_after_forward": reshard_after_forward}
     apply_fsdp2(model, mesh, **kwargs)
     opt = make_optimizer("sgd", model.parameters())
-    where = (rank.rank, rank.world_size, rank.device)
-    tokens = [rank_slice(b, *where[:2]).to(rank.device) for b in BATCHES]
+    tokens = [rank_slice(b, rank.rank, rank.world_size).to(rank.device) for b in BATCHES]
 
     loss = next_token_loss(model, tokens[0])  # warm-up step; look between fwd and bwd
-    between = dtensor.param_layouts(model, rank.rank)
+    between = param_layouts(model, rank.rank)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -134,7 +134,7 @@ def worker(rank: guide.Rank, reshard_after_forward) -> dict:
     times = []
     for batch in BATCHES[2:]:
         start = time.perf_counter()
-        losses += train_steps(model, opt, batch[None], *where)
+        losses += train_steps(model, opt, batch[None], rank)
         times.append(time.perf_counter() - start)
     with torch.no_grad():  # the first batch again: the same data, so a drop means it learned
         learned = [losses[0], next_token_loss(model, tokens[0]).item()]
@@ -154,7 +154,7 @@ results = {name: guide.launch(worker, WORLD_SIZE, raf)
 shown = ("blocks.0.fc1.weight", "head.weight")
 
 
-def layout(lay: dtensor.ParamLayout) -> str:
+def layout(lay: ParamLayout) -> str:
     return f"{lay.placements if lay.is_dtensor else 'plain tensor'} {lay.local_shape}"
 
 
