@@ -18,11 +18,11 @@ from torch import nn
 from guide.checks import assert_learns
 from guide.data import rank_slice
 from guide.launcher.rank import Rank
-from guide.layout import full_state
+from guide.layout import ParamLayout, full_state
 from guide.model import ModelConfig, build_model
 
-__all__ = ["OPTIMIZERS", "NonFiniteLoss", "Optimizer", "make_optimizer", "mean_over_ranks",
-           "next_token_loss", "reference_run", "train_steps"]
+__all__ = ["OPTIMIZERS", "NonFiniteLoss", "Optimizer", "TrainResult", "make_optimizer",
+           "mean_over_ranks", "next_token_loss", "reference_run", "train_steps"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,17 @@ OPTIMIZERS: dict[str, Optimizer] = {o.key: o for o in (
     Optimizer("adamw", "AdamW",
               lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01), 2, 4),
 )}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a training worker sends back from its rank: the losses it saw and the full parameters
+    it ended with; the initial ones and how the rank held each parameter where a page asks."""
+
+    losses: list[float]
+    params: dict[str, torch.Tensor]
+    initial: dict[str, torch.Tensor] | None = None
+    layouts: list[ParamLayout] = dataclasses.field(default_factory=list)
 
 
 class NonFiniteLoss(FloatingPointError):
