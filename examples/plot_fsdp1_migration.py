@@ -476,7 +476,9 @@ for y, (side, shares) in zip((1, 0), sides.items()):
                 start += held
 edge = 0
 for name, counts in sides["FSDP2"]:
-    if sum(counts) > 4000:
+    # A name only over a parameter wide enough to hold it (about 500 elements per character at
+    # this width), so no label crosses the lines between parameters.
+    if sum(counts) > 500 * (len(name) + 2):
         ax.text((edge + sum(counts) / 2) / 1e3, 1.45, name, ha="center", fontsize=9)
     edge += sum(counts)
     ax.axvline(edge / 1e3, color="black", lw=0.6)

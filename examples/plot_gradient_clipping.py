@@ -22,6 +22,7 @@ single-process training, step for step. A disagreement **fails the docs build**.
 # itself, replicated on every rank (torch 2.13; torch 2.9 returns a partial norm, pytorch #170862,
 # whose ``full_tensor()`` is the norm: the page reads it that way on both).
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.device_mesh import init_device_mesh
@@ -174,7 +175,7 @@ print(f"\nAll checks passed: on {WORLD_SIZE} ranks, clip_grad_norm_ returned the
 # would have computed from its own shards. Below the ``max_norm`` line (dash-dot) nothing is
 # clipped.
 plotting.style()
-fig, ax = plt.subplots(figsize=(7.5, 4.2))
+fig, ax = plt.subplots(figsize=(7.5, 5.0))
 ax.plot(REF["norms"], color=plotting.REFERENCE_COLOR, lw=5, alpha=0.3,
         label="1 process, unsharded gradient")
 ax.plot(results[0]["norms"], "--", color=Strategy.FSDP2.color, lw=1.8,
@@ -186,6 +187,7 @@ ax.axhline(MAX_NORM, color="grey", lw=1, ls="-.", label=f"max_norm = {MAX_NORM:g
 ax.set(ylim=(0, 1.5 * max(max(REF["norms"]), MAX_NORM)), xlabel="training step",
        ylabel="gradient 2-norm (before clipping)",
        title="clip_grad_norm_ on DTensors returns the global norm, not a shard's")
-ax.legend(loc="upper left", fontsize=9, ncols=2)
+ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+plotting.legend_below(fig)
 plt.show()
 # sphinx_gallery_thumbnail_number = 1

@@ -296,22 +296,25 @@ MEMORY_COLOR = "#1f77b4"  # memory bars (FSDP2's colour marks its all-gathers)
 style()
 names = list(counts)
 x = range(len(names))
-fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(11, 3.8))
+fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(11, 4.2))
 fwd = [counts[n]["forward"] for n in names]
 ax1.bar(x, fwd, color=Strategy.FSDP2.color, alpha=0.45, label="forward")
 ax1.bar(x, [counts[n]["backward"] for n in names], bottom=fwd,
         color=Strategy.FSDP2.color, label="backward")
 ax1.set_ylabel("all-gathers per step")
-ax1.legend(loc="lower right")
+ax1.set_ylim(0, 1.45 * max(counts[n]["forward"] + counts[n]["backward"] for n in names))
+ax1.legend(loc="upper center", ncols=2)  # above the bars, not over them
 w = 0.38
 ax2.bar([i - w / 2 for i in x], [extra_mib[n] for n in names], w, color=MEMORY_COLOR,
         label="kept after forward (beyond True)")
 ax2.bar([i + w / 2 for i in x], [peak_mib[n] for n in names], w, color=MEMORY_COLOR,
         alpha=0.45, label="step peak (above pre-forward level)")
 ax2.set_ylabel("MiB per rank")
-ax2.legend(loc="upper left", fontsize=9)
+ax2.set_ylim(0, 1.6 * max(max(extra_mib.values()), max(peak_mib.values())))
+ax2.legend(loc="upper left")
 ax3.bar(x, [step_ms[n] for n in names], color="#7f7f7f")
-ax3.set_ylabel("step time (ms, median of ranks; noisy CPU)")
+ax3.set_ylabel("step time (ms)")
+ax3.set_title("median of ranks; CPU, noisy", fontsize=10)
 for ax in (ax1, ax2, ax3):
     ax.set_xticks(list(x), names, rotation=20)
     ax.set_xlabel("reshard_after_forward")
