@@ -112,7 +112,21 @@ def measured_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 # process, the default's kept root parameters did not show).
 
 
-def worker(rank: guide.Rank, reshard_after_forward) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ReshardResult:
+    """One rank's run under one setting: losses, the first batch's loss before and after training,
+    the parameters' layouts between forward and backward, the measured step, its collectives and
+    the median step time."""
+
+    losses: list[float]
+    learned: list[float]
+    between: list[ParamLayout]
+    memory: PhasedStep
+    collectives: list
+    step_s: float
+
+
+def worker(rank: guide.Rank, reshard_after_forward) -> ReshardResult:
     prepare()  # make freed memory leave the process, so resident memory tracks tensors
     model = build_model(CFG, device=rank.device)
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
@@ -138,8 +152,8 @@ def worker(rank: guide.Rank, reshard_after_forward) -> dict:
         times.append(time.perf_counter() - start)
     with torch.no_grad():  # the first batch again: the same data, so a drop means it learned
         learned = [losses[0], next_token_loss(model, tokens[0]).item()]
-    return {"losses": losses, "learned": learned, "between": between, "memory": memory,
-            "collectives": log.records, "step_s": statistics.median(times)}
+    return ReshardResult(losses, learned, between, memory, log.records,
+                         statistics.median(times))
 
 
 results = {name: guide.launch(worker, WORLD_SIZE, raf)
@@ -158,7 +172,7 @@ def layout(lay: ParamLayout) -> str:
     return f"{lay.placements if lay.is_dtensor else 'plain tensor'} {lay.local_shape}"
 
 
-between = {name: {lay.name: lay for lay in res[0]["between"]}
+between = {name: {lay.name: lay for lay in res[0].between}
            for name, res in results.items()}
 print(table([[name, *(layout(lays[p]) for p in shown)]
              for name, lays in between.items()], ["reshard_after_forward", *shown]))
@@ -183,7 +197,7 @@ n_units = len(comm.fsdp2_groups(model))  # each block, and the root
 PHASES = ("forward", "backward")
 counts, group_sizes = {}, {}
 for name, res in results.items():
-    recs = [c for c in res[0]["collectives"] if c.kind == "all_gather"]
+    recs = [c for c in res[0].collectives if c.kind == "all_gather"]
     counts[name] = {ph: sum(c.phase == ph for c in recs) for ph in PHASES}
     group_sizes[name] = {ph: sorted({c.group_size for c in recs if c.phase == ph})
                          for ph in PHASES}
@@ -216,11 +230,11 @@ print(table([[name, *(ledger.claim(claim_name(name, f"all_gathers.{ph}_per_step"
 # -------------------------------------
 # Resharding moves parameters, not numbers: all four runs must produce the same losses, and each
 # must learn (its loss on the first batch falls), or equal losses would prove nothing.
-losses = {name: mean_over_ranks([r["losses"] for r in res])
+losses = {name: mean_over_ranks([r.losses for r in res])
           for name, res in results.items()}
 for name, res in results.items():  # same losses could also mean none learns
     checks.assert_learns(f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}",
-                         mean_over_ranks([r["learned"] for r in res]))
+                         mean_over_ranks([r.learned for r in res]))
 gaps = {name: checks.assert_losses_match(
             f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}", losses["True"],
             losses[name])
@@ -262,7 +276,7 @@ padded = padded_bytes(p.shape for p in model.parameters())
 root = comm.fsdp2_groups(model)[0]  # the root unit comes first
 kept = {"True": [], "False": padded, "2": [b // 2 for b in padded],
         "None (default)": padded_bytes(root.shapes)}
-held = {name: statistics.mean(r["memory"].held_after_forward_bytes for r in res)
+held = {name: statistics.mean(r.memory.held_after_forward_bytes for r in res)
         for name, res in results.items()}
 rows, extra_mib, peak_mib, step_ms = [], {}, {}, {}
 for name, res in results.items():
@@ -271,8 +285,8 @@ for name, res in results.items():
     # resident: they can go unseen (never double-counted), so they widen the tolerance.
     allowed = 0.1 * want + sum(b for b in kept[name] if b < MMAP_THRESHOLD) + NOISE
     extra_mib[name] = extra / MiB
-    peak_mib[name] = max(r["memory"].peak_bytes for r in res) / MiB
-    step_ms[name] = statistics.median(r["step_s"] for r in res) * 1e3
+    peak_mib[name] = max(r.memory.peak_bytes for r in res) / MiB
+    step_ms[name] = statistics.median(r.step_s for r in res) * 1e3
     checks.expect(abs(extra - want) <= allowed, "memory",
                   f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}",
                   f"the forward left {extra / MiB:.2f} MiB more than True's, expected "

@@ -9,7 +9,8 @@
  */
 (function () {
   const DOWN = { "pages/ledger": 30, "api": 20, "genindex": 30, "py-modindex": 30 };
-  const TOPIC_BOOST = 40;
+  // Above an exact glossary or index entry (Sphinx scores those 100).
+  const TOPIC_BOOST = 150;
 
   function query() {
     const params = new URLSearchParams(window.location.search);
