@@ -622,6 +622,22 @@ def test_browser_search_ranks_each_topic_page_first(tmp_path):
     assert not problems, "\n".join(problems)
 
 
+MATH_PAGE = "auto_examples/plot_mixed_precision.html"  # a page with math (u = 2^-8 ...)
+
+
+def test_browser_math_renders_offline(tmp_path):
+    """Math is typeset by the site's own MathJax with the network blocked (no raw TeX left)."""
+    _require("browser")
+    with serve(SITE) as base, browser(tmp_path, base) as context:
+        page = context.new_page()
+        page.goto(base + MATH_PAGE, wait_until="load")
+        page.wait_for_function("document.querySelectorAll('mjx-container').length > 0",
+                               timeout=30_000)
+        raw = page.evaluate("Array.from(document.querySelectorAll('.math')).filter(e => "
+                            "!e.querySelector('mjx-container')).length")
+    assert raw == 0, f"{raw} math elements on {MATH_PAGE} were not typeset"
+
+
 #: Per example, the call its lesson is about: the page's first code block must contain it.
 KEY_API = {
     "plot_ddp_vs_fsdp2.py": "fully_shard(",
