@@ -7,6 +7,7 @@ A failing assertion in any example makes ``sphinx-build`` exit non-zero (sphinx-
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -22,6 +23,12 @@ project = "DDP vs FSDP2, measured"
 author = "The guide authors"
 copyright = "2026, the guide authors"
 release = version = "0.1"
+
+# MathJax from the site itself (sphinx-mathjax-offline, in the docs extra): without it Sphinx would
+# load MathJax from a CDN and math would show as raw TeX offline.
+if importlib.util.find_spec("sphinx-mathjax-offline") is None:
+    raise RuntimeError("sphinx-mathjax-offline is not installed: `pip install -c constraints.txt "
+                       "-e '.[docs]'` (or `pip install sphinx-mathjax-offline==0.0.2`).")
 
 extensions = [
     "myst_nb",
