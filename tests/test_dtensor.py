@@ -18,7 +18,8 @@ def test_chunk_sizes_are_torch_chunk(length: int, n: int) -> None:
 
 
 def test_the_last_ranks_may_get_nothing() -> None:
-    assert layout.chunk_sizes(5, 4) == [2, 2, 1, 0]  # ceil-sized chunks, not "remainder on the last"
+    # ceil-sized chunks, not "remainder on the last"
+    assert layout.chunk_sizes(5, 4) == [2, 2, 1, 0]
 
 
 def test_bad_arguments_are_refused() -> None:

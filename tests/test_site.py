@@ -660,8 +660,8 @@ KEY_API = {
 #: pages open lesson-first) with one line: ``LESSON_FIRST = tuple(KEY_API)``.
 LESSON_FIRST: tuple[str, ...] = ()
 
-_CODE_BLOCK = re.compile(r'<div class="highlight-(?:Python|python|ipython3)[^"]*">.*?<pre>(.*?)</pre>',
-                         re.S)
+_CODE_BLOCK = re.compile(
+    r'<div class="highlight-(?:Python|python|ipython3)[^"]*">.*?<pre>(.*?)</pre>', re.S)
 _IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.M)
 
 

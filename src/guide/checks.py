@@ -314,7 +314,7 @@ def assert_replicas_identical(run: str,
     return compared
 
 
-# -- communication: measured collectives against guide.comm.expected ---------------------------------
+# -- communication: measured collectives against guide.comm.expected ------------------------------
 
 #: How far measured element counts may sit from the communication model (relative) before a page
 #: fails (the communication example prints each run's gap).

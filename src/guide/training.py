@@ -96,8 +96,8 @@ def train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batches: tor
     """Train on each global batch in ``batches`` (``(steps, B, T+1)``); return this rank's losses.
 
     ``rank`` is the worker's :class:`guide.Rank` (``None``: one process on the CPU, the reference
-    run). Each rank takes its own slice of every global batch (:func:`guide.data.rank_slice`).
-    The loss is the mean cross-entropy over this rank's tokens; with equal slices the global loss is the
+    run). Each rank takes its own slice of every global batch (:func:`guide.data.rank_slice`). The
+    loss is the mean cross-entropy over this rank's tokens; with equal slices the global loss is the
     mean of the ranks' losses (:func:`mean_over_ranks`), computed in the parent so that reporting
     adds no collective to the step being measured.
     """
