@@ -191,8 +191,7 @@ def optimizer_first(rank: guide.Rank, mesh, build_optimizer_first: bool) -> dict
     if not build_optimizer_first:
         opt = make_optimizer("sgd", model.parameters())  # right: the DTensor parameters
     before = full_state(model)
-    losses, messages = caught(train_steps, model, opt, ONE_BATCH, rank.rank,
-                              rank.world_size, rank.device)
+    losses, messages = caught(train_steps, model, opt, ONE_BATCH, rank)
     return {"before": before, "after": full_state(model), "losses": losses,
             "messages": messages}
 
@@ -238,8 +237,7 @@ def tied_embeddings(rank: guide.Rank, mesh) -> dict:
     broken = None
     if not messages:  # a torch without the check: it trains; measure what
         opt = make_optimizer("sgd", wrong.parameters())
-        losses, said = caught(train_steps, wrong, opt, BATCHES, rank.rank,
-                              rank.world_size, rank.device)
+        losses, said = caught(train_steps, wrong, opt, BATCHES, rank)
         broken = {"tied": wrong.head.weight is wrong.tok_emb.weight, "losses": losses,
                   "messages": said, "params": full_state(wrong)}
 
