@@ -7,6 +7,7 @@ A failing assertion in any example makes ``sphinx-build`` exit non-zero (sphinx-
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -23,6 +24,12 @@ author = "The guide authors"
 copyright = "2026, the guide authors"
 release = version = "0.1"
 
+# MathJax from the site itself (sphinx-mathjax-offline, in the docs extra): without it Sphinx would
+# load MathJax from a CDN and math would show as raw TeX offline.
+if importlib.util.find_spec("sphinx-mathjax-offline") is None:
+    raise RuntimeError("sphinx-mathjax-offline is not installed: `pip install -c constraints.txt "
+                       "-e '.[docs]'` (or `pip install sphinx-mathjax-offline==0.0.2`).")
+
 extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
@@ -32,11 +39,14 @@ extensions = [
     "sphinx_gallery.gen_gallery",
     "sphinx_copybutton",
     "ledger_ext",
+    # MathJax served from this site (_static/mathjax), not a CDN: math renders offline.
+    "sphinx-mathjax-offline",
 ]
 
 # sphinx-gallery writes a .ipynb next to each generated page; without this exclusion Sphinx finds two
 # sources for one document and MyST-NB would execute the notebook a second time.
-exclude_patterns = ["_build", "auto_examples/**.ipynb", "jupyter_execute", "**.ipynb_checkpoints"]
+exclude_patterns = ["_build", "auto_examples/**.ipynb", "jupyter_execute", "**.ipynb_checkpoints",
+                    "_landing_sections.rst"]
 
 sphinx_gallery_conf = {
     "examples_dirs": "../examples",
@@ -44,6 +54,8 @@ sphinx_gallery_conf = {
     "filename_pattern": r"/plot_",
     # The order of the story, not of file names: the page the site is named after comes first.
     "within_subsection_order": "gallery_order.StoryOrder",
+    # The landing page's cards (minigallery) in the same order.
+    "minigallery_sort_order": "gallery_order.story_position",
     "ignore_pattern": r"__init__\.py|/_",
     "image_scrapers": ("matplotlib",),
     "reset_modules": ("matplotlib",),
@@ -110,7 +122,16 @@ html_theme = "pydata_sphinx_theme"
 html_title = "DDP vs FSDP2, measured"
 html_static_path = ["_static"]
 html_css_files = ["guide.css"]  # figures fit a phone-width screen
+# Search ranks each topic's own page first for its name, the ledger and the API page last.
+html_search_scorer = str(HERE / "_static" / "search_scorer.js")
+# Pages with no section of their own (the guide pages, the API page) get no empty "Section
+# Navigation" sidebar; the top navigation and the page's own table of contents remain.
+html_sidebars = {"index": [], "pages/*": [], "api": [], "search": [], "genindex": [],
+                 "py-modindex": []}
 html_theme_options = {
+    # The examples, the memory calculator and the two first-read pages in the header; the rest
+    # under "More".
+    "header_links_before_dropdown": 4,
     "navigation_with_keys": False,
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc", "sourcelink"],
@@ -160,3 +181,24 @@ for _stale in (HERE / "sg_execution_times.rst", HERE / "auto_examples" / "sg_exe
 # two records of one claim disagree.
 ledger_dir = str(HERE / "_build" / "ledger")
 ledger_page = "pages/ledger"
+
+
+# The gallery in sections (gallery_order.SECTIONS, the one list): the landing page includes their
+# cards, and sphinx-gallery's generated index is rewritten into them after it is written, so its
+# captioned toctrees give the sidebar's section navigation the same groups.
+import gallery_order  # noqa: E402  (sys.path above)
+
+(HERE / "_landing_sections.rst").write_text(gallery_order.landing_rst())
+
+
+def _section_the_gallery(app) -> None:
+    index = Path(app.srcdir) / "auto_examples" / "index.rst"
+    text = index.read_text()
+    sectioned = gallery_order.sectioned_index(text)
+    if sectioned != text:
+        index.write_text(sectioned)
+
+
+def setup(app):
+    # After sphinx-gallery's generate_gallery_rst (builder-inited, priority 500) wrote the index.
+    app.connect("builder-inited", _section_the_gallery, priority=600)

@@ -43,7 +43,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import guide
 from guide import checks, claims, constants, sharding
 from guide.data import rank_slice, synthetic_batches
-from guide.dtensor import full_state
+from guide.layout import full_state
 from guide.memory import (PRECISIONS, PRESETS, RESOLUTION_BYTES, PeakMemory, current_bytes,
                           per_rank_state_bytes, prepare, state_bytes_for_count)
 from guide.memory.activations import (

@@ -45,7 +45,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import guide
 from guide import checkpoint, checks, claims, plotting, report
 from guide.data import synthetic_batches
-from guide.dtensor import full_state, local_tensor
+from guide.layout import full_state, local_tensor
 from guide.memory import (RESOLUTION_BYTES, PeakMemory, param_shapes, per_rank_state_bytes,
                           prepare)
 from guide.model import ModelConfig, TinyLM, build_model
@@ -125,7 +125,7 @@ def build(rank, layout: str, seed: int, cfg: ModelConfig = CFG):
                                 mesh_dim_names=("replicate", "shard"))
         apply_fsdp2(model, mesh)
     elif layout == "DDP":
-        model = apply_ddp(model, rank)
+        model = apply_ddp(model, init_device_mesh(rank.device.type, (rank.world_size,)))
     return model, make_optimizer("adamw", model.parameters())
 
 
@@ -138,8 +138,7 @@ def build(rank, layout: str, seed: int, cfg: ModelConfig = CFG):
 # Full states are gathered on every rank (a collective) and kept on rank 0.
 def source(rank, root, group) -> dict:
     model, opt = build(rank, "FSDP2", seed=0)
-    losses = train_steps(model, opt, BATCHES[:K], rank.rank, rank.world_size,
-                         rank.device)
+    losses = train_steps(model, opt, BATCHES[:K], rank)
     start = time.perf_counter()
     save(model, opt, checkpoint.step_dir(root, K))
     out = {"save_s": time.perf_counter() - start}
@@ -160,8 +159,7 @@ def target(rank, root, layout: str, with_optimizer: bool = True) -> dict:
                       no_dist=layout == "1 process", with_optimizer=with_optimizer)
     load_s = time.perf_counter() - start
     loaded = checkpoint.gathered_state(model, opt)
-    losses = train_steps(model, opt, BATCHES[K:], rank.rank, rank.world_size,
-                         rank.device)
+    losses = train_steps(model, opt, BATCHES[K:], rank)
     resumed = checkpoint.gathered_state(model, opt)
     placements = getattr(next(model.parameters()), "placements", "full copy")
     if layout in ("FSDP2", "HSDP"):
@@ -201,8 +199,7 @@ def async_save_while_training(model, opt, rank, root, group) -> dict:
     partial = checkpoint.begin_save(root / "async", group)
     future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=partial,
                             process_group=group)
-    losses_after = train_steps(model, opt, BATCHES[K:], rank.rank, rank.world_size,
-                               rank.device)
+    losses_after = train_steps(model, opt, BATCHES[K:], rank)
     future.result()
     checkpoint.publish(partial, group)
     return {"losses_after": losses_after}

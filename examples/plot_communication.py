@@ -103,15 +103,15 @@ def counted_steps(model: torch.nn.Module, opt: torch.optim.Optimizer,
                   rank: guide.Rank) -> tuple:
     """This rank's collectives over ``STEPS`` steps after the warm-up, and the bytes it
     wrote (``None`` under nccl: see above)."""
-    where = (rank.rank, rank.world_size, rank.device)
-    train_steps(model, opt, BATCHES[:WARMUP], *where)
+    train_steps(model, opt, BATCHES[:WARMUP], rank)
     with CollectiveLog(model) as log:
-        train_steps(model, opt, BATCHES[WARMUP:], *where)
+        train_steps(model, opt, BATCHES[WARMUP:], rank)
     return log.records, log.wire_bytes if rank.backend == "gloo" else None
 
 
 def ddp_worker(rank: guide.Rank, zero1: bool) -> tuple:
-    model = apply_ddp(build_model(CFG, device=rank.device), rank)
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    model = apply_ddp(build_model(CFG, device=rank.device), mesh)
     if zero1:
         opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2,
                                       weight_decay=0.01)

@@ -32,13 +32,13 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, claims, dtensor, plotting, report
+from guide import checks, claims, plotting, report
 from guide.data import synthetic_batches
-from guide.dtensor import full_state
+from guide.layout import full_state, param_layouts
 from guide.model import ModelConfig, build_model
 from guide.sharding import Strategy
-from guide.training import (OPTIMIZERS, make_optimizer, mean_over_ranks, reference_run,
-                            train_steps)
+from guide.training import (OPTIMIZERS, TrainResult, make_optimizer, mean_over_ranks,
+                            reference_run, train_steps)
 
 WORLD_SIZE = guide.world_size(2)  # 2 here; torchrun's WORLD_SIZE under torchrun
 STEPS = 20
@@ -86,13 +86,12 @@ print(report.table(ref_rows, REF_COLS, formats={c: ".4f" for c in REF_COLS[1:]})
 # function on ``WORLD_SIZE`` ranks of a gloo process group and returns each rank's result here.
 
 
-def ddp_worker(rank: guide.Rank, optimizer: str) -> dict:
+def ddp_worker(rank: guide.Rank, optimizer: str) -> TrainResult:
     model = DDP(build_model(CFG, device=rank.device))
     initial = full_state(model)
     opt = make_optimizer(optimizer, model.parameters())
-    losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
-    return {"initial": initial, "losses": losses, "params": full_state(model),
-            "layouts": dtensor.param_layouts(model, rank.rank)}
+    losses = train_steps(model, opt, BATCHES, rank)
+    return TrainResult(losses, full_state(model), initial, param_layouts(model, rank.rank))
 
 
 # %%
@@ -105,7 +104,7 @@ def ddp_worker(rank: guide.Rank, optimizer: str) -> dict:
 # builds the same initial model (``build_model`` seeds it); ``full_tensor()`` gathers the result.
 
 
-def fsdp2_worker(rank: guide.Rank, optimizer: str) -> dict:
+def fsdp2_worker(rank: guide.Rank, optimizer: str) -> TrainResult:
     model = build_model(CFG, device=rank.device)
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
     for block in model.blocks:
@@ -113,9 +112,8 @@ def fsdp2_worker(rank: guide.Rank, optimizer: str) -> dict:
     fully_shard(model, mesh=mesh)
     initial = full_state(model)  # all-gathers the shards: the model the ranks hold
     opt = make_optimizer(optimizer, model.parameters())  # on the sharded parameters
-    losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
-    return {"initial": initial, "losses": losses, "params": full_state(model),
-            "layouts": dtensor.param_layouts(model, rank.rank)}
+    losses = train_steps(model, opt, BATCHES, rank)
+    return TrainResult(losses, full_state(model), initial, param_layouts(model, rank.rank))
 
 
 DDP_, FSDP2_ = Strategy.DDP, Strategy.FSDP2  # the site's names (label, colour) for them
@@ -154,17 +152,17 @@ def gap(name: str, value: float, unit: str, check: str) -> float:
 rows = []
 for (strategy, opt), results in runs.items():
     run = f"{strategy.label} x{WORLD_SIZE}, {opt}"
-    layouts = [lay for r in results for lay in r["layouts"]]
+    layouts = [lay for r in results for lay in r.layouts]
     if strategy is FSDP2_:
         checks.assert_sharded(run, layouts, WORLD_SIZE)
     else:
         checks.assert_replicated(run, layouts, full_shapes)
-    checks.assert_same_init(run, initial, results[0]["initial"])
-    checks.assert_ranks_agree(run, [r["params"] for r in results])
+    checks.assert_same_init(run, initial, results[0].initial)
+    checks.assert_ranks_agree(run, [r.params for r in results])
     ref_losses, ref_params = REFERENCE[opt]
-    losses = mean_over_ranks([r["losses"] for r in results])
+    losses = mean_over_ranks([r.losses for r in results])
     d_loss = checks.assert_losses_match(run, ref_losses, losses, loss_tol)
-    d_param = checks.assert_params_match(run, ref_params, results[0]["params"],
+    d_param = checks.assert_params_match(run, ref_params, results[0].params,
                                          param_tol[opt])
     key = f"{strategy.value}.{opt}"
     d_loss = gap(f"{key}.max_loss_gap", d_loss, "nats", "loss equivalence")
@@ -208,7 +206,7 @@ def loss_comparison(reference: dict, runs: dict, tol: float) -> plt.Figure:
 
 fig = loss_comparison(
     {opt: REFERENCE[opt][0] for opt in ("sgd", "adamw")},
-    {opt: {s: mean_over_ranks([r["losses"] for r in runs[s, opt]])
+    {opt: {s: mean_over_ranks([r.losses for r in runs[s, opt]])
            for s in (DDP_, FSDP2_)} for opt in ("sgd", "adamw")},
     tol=loss_tol,
 )
@@ -226,7 +224,7 @@ plt.show()
 shown = ["tok_emb.weight", "blocks.0.qkv.weight", "blocks.0.fc2.weight",
          "blocks.0.ln1.bias", "head.weight"]
 layout = {(s, lay.name, lay.rank): lay for s in (DDP_, FSDP2_)
-          for r in runs[s, "adamw"] for lay in r["layouts"]}
+          for r in runs[s, "adamw"] for lay in r.layouts}
 ranks = range(WORLD_SIZE)
 runs_ranks = [(s, r) for s in (DDP_, FSDP2_) for r in ranks]
 print(report.table(

@@ -334,7 +334,7 @@ def train(model: nn.Module, rank: guide.Rank, steps: torch.Tensor = BATCHES):
     losses). The last step's gradients are left in place."""
     opt = make_optimizer("adamw", trainable(model))
     with CollectiveLog(model) as log:
-        losses = train_steps(model, opt, steps, rank.rank, rank.world_size)
+        losses = train_steps(model, opt, steps, rank)
     return opt, log, losses
 
 

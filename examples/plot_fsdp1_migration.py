@@ -63,7 +63,7 @@ import guide
 from guide import checkpoint, checks, claims, comm, plotting, precision
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
-from guide.dtensor import local_tensor
+from guide.layout import local_tensor
 from guide.memory import StateBytes, measure, param_shapes, state_bytes_by_rank
 from guide.model import Block, ModelConfig, build_model
 from guide.report import table
@@ -158,7 +158,7 @@ def micro_step(model, tokens: torch.Tensor, sync: bool) -> float:
 def train(model, opt, rank: guide.Rank, batches: torch.Tensor,
           accumulate: bool) -> list[float]:
     if not accumulate:
-        return train_steps(model, opt, batches, rank.rank, rank.world_size, rank.device)
+        return train_steps(model, opt, batches, rank)
     losses = []
     for step_micro in micro_batches(batches, K):
         opt.zero_grad(set_to_none=True)
@@ -221,8 +221,7 @@ def checkpoint_row(rank: guide.Rank, directory: str) -> dict:
         warnings.simplefilter("always")
         model = fsdp1(rank)
         opt = make_optimizer("adamw", model.parameters())
-        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size,
-                             rank.device)
+        losses = train_steps(model, opt, BATCHES, rank)
         # FSDP1's way
         with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
             saved = {"model": model.state_dict(),
@@ -477,7 +476,9 @@ for y, (side, shares) in zip((1, 0), sides.items()):
                 start += held
 edge = 0
 for name, counts in sides["FSDP2"]:
-    if sum(counts) > 4000:
+    # A name only over a parameter wide enough to hold it (about 500 elements per character at
+    # this width), so no label crosses the lines between parameters.
+    if sum(counts) > 500 * (len(name) + 2):
         ax.text((edge + sum(counts) / 2) / 1e3, 1.45, name, ha="center", fontsize=9)
     edge += sum(counts)
     ax.axvline(edge / 1e3, color="black", lw=0.6)

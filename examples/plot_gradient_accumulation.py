@@ -30,12 +30,13 @@ import statistics
 
 import matplotlib.pyplot as plt
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.device_mesh import init_device_mesh
 
 import guide
 from guide import checks, claims, comm, sharding
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
-from guide.dtensor import full_state, local_tensor
+from guide.layout import full_state, local_tensor
 from guide.memory import MMAP_THRESHOLD, PeakMemory, prepare
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
@@ -110,7 +111,10 @@ def gradients_held(model, out: dict):
 
 
 def run(rank: guide.Rank, strategy: Strategy, skip_sync: bool) -> dict:
-    model = sharding.wrap(build_model(CFG, device=rank.device), strategy, rank)
+    model = build_model(CFG, device=rank.device)
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    model = (sharding.apply_ddp(model, mesh) if strategy is Strategy.DDP
+             else sharding.apply_fsdp2(model, mesh))
     if strategy is Strategy.DDP:
         comm.count_ddp_allreduce(model)
     opt = make_optimizer("sgd", model.parameters())

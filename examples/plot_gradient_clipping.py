@@ -21,14 +21,18 @@ single-process training, step for step. A disagreement **fails the docs build**.
 # ``clip_grad_norm_`` returns the norm *before* clipping; on DTensor gradients it is a ``DTensor``
 # itself, replicated on every rank (torch 2.13; torch 2.9 returns a partial norm, pytorch #170862,
 # whose ``full_tensor()`` is the norm: the page reads it that way on both).
+import dataclasses
+
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import torch
 from torch.distributed.tensor import DTensor
+from torch.distributed.device_mesh import init_device_mesh
 
 import guide
 from guide import checks, claims, plotting, report, sharding
 from guide.data import rank_slice, synthetic_batches
-from guide.dtensor import full_state, local_tensor
+from guide.layout import full_state, local_tensor
 from guide.model import ModelConfig, build_model
 from guide.sharding import Strategy
 from guide.training import make_optimizer, mean_over_ranks, next_token_loss
@@ -51,20 +55,35 @@ def local_grad_norm(model: torch.nn.Module) -> float:
                for p in model.parameters() if p.grad is not None) ** 0.5
 
 
-def clipped_steps(model, opt, batches, rank=0, world_size=1, max_norm=MAX_NORM) -> dict:
-    out = {"losses": [], "norms": [], "local_norms": []}
+@dataclasses.dataclass
+class ClippedRun:
+    """One run's losses, the norms clip_grad_norm_ returned, this rank's local norms, the
+    placements of the returned norm (a DTensor's; empty for plain tensors), and its final full
+    parameters (a worker's)."""
+
+    losses: list[float] = dataclasses.field(default_factory=list)
+    norms: list[float] = dataclasses.field(default_factory=list)
+    local_norms: list[float] = dataclasses.field(default_factory=list)
+    norm_placements: str = ""
+    params: dict | None = None
+
+
+def clipped_steps(model, opt, batches, rank: guide.Rank | None = None,
+                  max_norm=MAX_NORM) -> ClippedRun:
+    out = ClippedRun()
+    where = (0, 1) if rank is None else (rank.rank, rank.world_size)
     for batch in batches:
         opt.zero_grad(set_to_none=True)
-        loss = next_token_loss(model, rank_slice(batch, rank, world_size))
+        loss = next_token_loss(model, rank_slice(batch, *where))
         loss.backward()
-        out["local_norms"].append(local_grad_norm(model))  # this rank's shards only
+        out.local_norms.append(local_grad_norm(model))  # this rank's shards only
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         if isinstance(norm, DTensor):
-            out["norm_placements"] = str(tuple(norm.placements))
+            out.norm_placements = str(tuple(norm.placements))
             norm = norm.full_tensor()
-        out["norms"].append(norm.item())
+        out.norms.append(norm.item())
         opt.step()
-        out["losses"].append(loss.item())
+        out.losses.append(loss.item())
     return out
 
 
@@ -74,7 +93,7 @@ def clipped_steps(model, opt, batches, rank=0, world_size=1, max_norm=MAX_NORM) 
 # One process, the full global batch, SGD. Training without the clip as well shows that the clip is
 # not a no-op here: ``MAX_NORM`` lies within the range of the gradient norms, so it clips some steps
 # (counted below) and moves the final parameters far beyond the tolerance of the checks.
-def reference(max_norm: float) -> tuple[dict, dict]:
+def reference(max_norm: float) -> tuple[ClippedRun, dict]:
     model = build_model(CFG)
     run = clipped_steps(model, make_optimizer("sgd", model.parameters()), BATCHES,
                         max_norm=max_norm)
@@ -83,10 +102,10 @@ def reference(max_norm: float) -> tuple[dict, dict]:
 
 REF, REF_PARAMS = reference(MAX_NORM)
 _, UNCLIPPED_PARAMS = reference(float("inf"))
-clipped = sum(n > MAX_NORM for n in REF["norms"])
+clipped = sum(n > MAX_NORM for n in REF.norms)
 effect = max((REF_PARAMS[k] - UNCLIPPED_PARAMS[k]).abs().max().item()
              for k in REF_PARAMS)
-checks.assert_learns("clipped reference", REF["losses"])
+checks.assert_learns("clipped reference", REF.losses)
 checks.expect(clipped > 0 and effect > 100 * checks.PARAM_TOL["sgd"],
               "clipping is active", "reference",
               f"{clipped} clipped steps, effect {effect:.1e}; lower MAX_NORM.")
@@ -106,11 +125,13 @@ print(f"reference: {clipped} of {STEPS} steps had a gradient norm above "
 # this rank's slice of every batch.
 
 
-def fsdp2_worker(rank: guide.Rank) -> dict:
-    model = sharding.wrap(build_model(CFG, device=rank.device), Strategy.FSDP2, rank)
+def fsdp2_worker(rank: guide.Rank) -> ClippedRun:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    model = sharding.apply_fsdp2(build_model(CFG, device=rank.device), mesh)
     opt = make_optimizer("sgd", model.parameters())
-    run = clipped_steps(model, opt, BATCHES, rank.rank, rank.world_size)
-    return {**run, "params": full_state(model)}
+    run = clipped_steps(model, opt, BATCHES, rank)
+    run.params = full_state(model)
+    return run
 
 
 results = guide.launch(fsdp2_worker, WORLD_SIZE)
@@ -123,26 +144,26 @@ results = guide.launch(fsdp2_worker, WORLD_SIZE)
 # are not the norm: their squares add up to its square.
 run = f"FSDP2 x{WORLD_SIZE}, SGD, clip {MAX_NORM}"
 for r, res in enumerate(results):  # torch 2.9 returns a partial norm (pytorch #170862)
-    checks.expect(res["norm_placements"] == "(Replicate(),)"
-                  or res["norm_placements"].startswith("(_NormPartial("), "clip norm", run,
-                  f"rank {r}'s norm has placements {res['norm_placements']}, neither "
+    checks.expect(res.norm_placements == "(Replicate(),)"
+                  or res.norm_placements.startswith("(_NormPartial("), "clip norm", run,
+                  f"rank {r}'s norm has placements {res.norm_placements}, neither "
                   "(Replicate(),) nor a partial norm.")
-norm_gap = max(checks.expect_close("clip norm", run, res["norms"], REF["norms"],
+norm_gap = max(checks.expect_close("clip norm", run, res.norms, REF.norms,
                                    checks.LOSS_TOL, what=f"rank {r}'s clip_grad_norm_")
                for r, res in enumerate(results))
-loss_gap = checks.assert_losses_match(run, REF["losses"],
-                                      mean_over_ranks([r["losses"] for r in results]))
-param_gap = checks.assert_params_match(run, REF_PARAMS, results[0]["params"],
+loss_gap = checks.assert_losses_match(run, REF.losses,
+                                      mean_over_ranks([r.losses for r in results]))
+param_gap = checks.assert_params_match(run, REF_PARAMS, results[0].params,
                                        checks.PARAM_TOL["sgd"])
-combined = [sum(r["local_norms"][s] ** 2 for r in results) ** 0.5 for s in range(STEPS)]
-pythagoras = checks.expect_close("clip norm", run, combined, REF["norms"],
+combined = [sum(r.local_norms[s] ** 2 for r in results) ** 0.5 for s in range(STEPS)]
+pythagoras = checks.expect_close("clip norm", run, combined, REF.norms,
                                  checks.LOSS_TOL, what="sqrt(sum of local norms²)")
 print("norm returned by clip_grad_norm_: a DTensor with "
-      f"{results[0]['norm_placements']}")
+      f"{results[0].norm_placements}")
 norms = ["reference", *(f"rank {r}" for r in range(WORLD_SIZE)),
          *(f"local r{r}" for r in range(WORLD_SIZE))]
-print(report.table([[s, REF["norms"][s], *(r["norms"][s] for r in results),
-                     *(r["local_norms"][s] for r in results)]
+print(report.table([[s, REF.norms[s], *(r.norms[s] for r in results),
+                     *(r.local_norms[s] for r in results)]
                     for s in range(0, STEPS, 5)],
                    ["step", *norms], formats=dict.fromkeys(norms, ".6f")))
 LOSS_TOL = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
@@ -172,18 +193,19 @@ print(f"\nAll checks passed: on {WORLD_SIZE} ranks, clip_grad_norm_ returned the
 # would have computed from its own shards. Below the ``max_norm`` line (dash-dot) nothing is
 # clipped.
 plotting.style()
-fig, ax = plt.subplots(figsize=(7.5, 4.2))
-ax.plot(REF["norms"], color=plotting.REFERENCE_COLOR, lw=5, alpha=0.3,
+fig, ax = plt.subplots(figsize=(7.5, 5.0))
+ax.plot(REF.norms, color=plotting.REFERENCE_COLOR, lw=5, alpha=0.3,
         label="1 process, unsharded gradient")
-ax.plot(results[0]["norms"], "--", color=Strategy.FSDP2.color, lw=1.8,
+ax.plot(results[0].norms, "--", color=Strategy.FSDP2.color, lw=1.8,
         label=f"FSDP2 x{WORLD_SIZE}: clip_grad_norm_")
 for r, res in enumerate(results):
-    ax.plot(res["local_norms"], ":", marker=".", lw=1.2,
+    ax.plot(res.local_norms, ":", marker=".", lw=1.2,
             color=("#9467bd", "#ff7f0e")[r % 2], label=f"rank {r}, own shards")
 ax.axhline(MAX_NORM, color="grey", lw=1, ls="-.", label=f"max_norm = {MAX_NORM:g}")
-ax.set(ylim=(0, 1.5 * max(max(REF["norms"]), MAX_NORM)), xlabel="training step",
+ax.set(ylim=(0, 1.5 * max(max(REF.norms), MAX_NORM)), xlabel="training step",
        ylabel="gradient 2-norm (before clipping)",
        title="clip_grad_norm_ on DTensors returns the global norm, not a shard's")
-ax.legend(loc="upper left", fontsize=9, ncols=2)
+ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+plotting.legend_below(fig)
 plt.show()
 # sphinx_gallery_thumbnail_number = 1

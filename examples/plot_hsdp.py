@@ -37,6 +37,8 @@ gradient accumulation; the
 # shard. ``mesh["shard"]`` is the 2-rank group a rank all-gathers and reduce-scatters with (inside
 # a node), ``mesh["replicate"]`` the group it all-reduces gradient shards with (across nodes). Under
 # ``torchrun`` with more ranks the shard dimension grows: 8 ranks make a ``(2, 4)`` mesh.
+import dataclasses
+
 import matplotlib.pyplot as plt
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -46,8 +48,8 @@ import guide
 from guide import checks, claims, comm, plotting
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
-from guide.dtensor import full_state, local_tensor, param_layouts
-from guide.memory import measure, param_shapes, state_bytes_by_rank
+from guide.layout import full_state, local_tensor, param_layouts
+from guide.memory import StateBytes, measure, param_shapes, state_bytes_by_rank
 from guide.model import ModelConfig, build_model
 from guide.report import table
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
@@ -103,23 +105,44 @@ def train(model, opt, rank: guide.Rank,
     """This rank's loss per step, and its local shards after each step."""
     losses, shards = [], []
     for batch in batches:
-        losses += train_steps(model, opt, batch[None], rank.rank, rank.world_size,
-                              rank.device)
+        losses += train_steps(model, opt, batch[None], rank)
         shards.append({n: local_tensor(p).detach().clone()
                        for n, p in model.named_parameters()})
     return losses, shards
 
 
-def training_run(rank: guide.Rank, optimizer: str) -> dict:
+@dataclasses.dataclass(frozen=True)
+class HSDPRun:
+    """One rank's HSDP training run: losses, its local shards after each step, the full parameters,
+    the state it holds, its layouts, the collectives after step 1, its mesh coordinate."""
+
+    losses: list[float]
+    shards: list[dict]
+    params: dict
+    state: StateBytes  # guide.memory.measure's record
+    layouts: list
+    collectives: list
+    coordinate: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class AccumulationRun:
+    """One rank's accumulation run: losses, full parameters, collectives after step 0."""
+
+    losses: list[float]
+    params: dict
+    collectives: list
+
+
+def training_run(rank: guide.Rank, optimizer: str) -> HSDPRun:
     model = hsdp_model(rank)
     opt = make_optimizer(optimizer, model.parameters())  # after fully_shard: DTensors
     losses, shards = train(model, opt, rank, BATCHES[:1])
     with CollectiveLog(model) as log:
         more_losses, more_shards = train(model, opt, rank, BATCHES[1:])
-    return {"losses": losses + more_losses, "shards": shards + more_shards,
-            "params": full_state(model), "state": measure(model, opt),
-            "layouts": param_layouts(model, rank.rank), "collectives": log.records,
-            "coordinate": tuple(next(model.parameters()).device_mesh.get_coordinate())}
+    return HSDPRun(losses + more_losses, shards + more_shards, full_state(model),
+                   measure(model, opt), param_layouts(model, rank.rank), log.records,
+                   tuple(next(model.parameters()).device_mesh.get_coordinate()))
 
 
 # %%
@@ -166,14 +189,14 @@ def accumulation_step(model, opt, step_micro: torch.Tensor, rank: guide.Rank,
     return loss
 
 
-def accumulation_run(rank: guide.Rank, skip: str | None) -> dict:
+def accumulation_run(rank: guide.Rank, skip: str | None) -> AccumulationRun:
     model = hsdp_model(rank)
     opt = make_optimizer("sgd", model.parameters())
     losses = [accumulation_step(model, opt, MICRO[0], rank, skip)]
     with CollectiveLog(model) as log:
         losses += [accumulation_step(model, opt, step, rank, skip)
                    for step in MICRO[1:]]
-    return {"losses": losses, "params": full_state(model), "collectives": log.records}
+    return AccumulationRun(losses, full_state(model), log.records)
 
 
 # %%
@@ -200,7 +223,7 @@ results = {name: [r[name] for r in per_rank] for name in per_rank[0]}
 # within :data:`guide.checks.LOSS_TOL` and :data:`guide.checks.PARAM_TOL`; and the reference must
 # learn (:func:`guide.checks.assert_learns`), so that agreeing with it means something. The checks
 # take rank ``r`` to sit at ``(r // SHARDS, r % SHARDS)`` on the mesh; each rank's mesh says so first.
-coordinates = [r["coordinate"] for r in results["sgd"]]  # (replica, shard), by mesh
+coordinates = [r.coordinate for r in results["sgd"]]  # (replica, shard), by mesh
 checks.expect(coordinates == [(r // SHARDS, r % SHARDS) for r in range(WORLD_SIZE)],
               "HSDP mesh", "init_device_mesh",
               f"ranks sit at {coordinates}, not row-major as the checks assume")
@@ -218,13 +241,13 @@ for opt in ("sgd", "adamw"):
     run, ranks = f"HSDP {REPLICAS}x{SHARDS}, {opt}", results[opt]
     ref_losses, ref_params = REFERENCE[opt]
     checks.assert_learns(f"reference, {opt}", ref_losses)
-    checks.assert_hsdp_sharded(run, [lay for r in ranks for lay in r["layouts"]],
+    checks.assert_hsdp_sharded(run, [lay for r in ranks for lay in r.layouts],
                                REPLICAS, SHARDS)
-    compared = checks.assert_replicas_identical(run, [r["shards"] for r in ranks],
+    compared = checks.assert_replicas_identical(run, [r.shards for r in ranks],
                                                 REPLICAS, SHARDS)
-    losses = mean_over_ranks([r["losses"] for r in ranks])
+    losses = mean_over_ranks([r.losses for r in ranks])
     dloss = checks.assert_losses_match(run, ref_losses, losses)
-    dparam = checks.assert_params_match(run, ref_params, ranks[0]["params"],
+    dparam = checks.assert_params_match(run, ref_params, ranks[0].params,
                                         checks.PARAM_TOL[opt])
     rows.append({
         "run": run,
@@ -241,7 +264,7 @@ print(table(rows,
             formats={"max |Δloss|": ".1e", "loss tol": ".0e", "max |Δparam|": ".1e",
                      "param tol": ".0e"}))
 
-layout = {(lay.name, lay.rank): lay for r in results["sgd"] for lay in r["layouts"]}
+layout = {(lay.name, lay.rank): lay for r in results["sgd"] for lay in r.layouts}
 print()
 print(table([[name, str(layout[name, 0].global_shape), layout[name, 0].placements,
               *(str(layout[name, r].local_shape) for r in range(WORLD_SIZE))]
@@ -265,7 +288,7 @@ shapes = param_shapes(build_model(CFG))
 ADAMW = ("fp32", "adamw")
 predicted = state_bytes_by_rank(shapes, "fsdp2", SHARDS, *ADAMW, ddp_buckets=False)
 for r, result in enumerate(results["adamw"]):
-    got, want = result["state"], predicted[r % SHARDS]
+    got, want = result.state, predicted[r % SHARDS]
     checks.expect(got == want, "HSDP memory", f"rank {r}",
                   f"measured {got}, model {want}")
 
@@ -273,7 +296,7 @@ adamw = dict(model="tinylm-main", precision="fp32", optimizer="adamw",
              world_size=WORLD_SIZE)
 ddp = state_bytes_by_rank(shapes, "ddp", WORLD_SIZE, *ADAMW, ddp_buckets=True)
 fsdp2 = state_bytes_by_rank(shapes, "fsdp2", WORLD_SIZE, *ADAMW, ddp_buckets=False)
-hsdp = results["adamw"][0]["state"]
+hsdp = results["adamw"][0].state
 compare = {  # label: (claim, guard, bytes held by rank 0)
     "DDP (predicted)": ("tinylm.main.ddp", "computed", ddp[0]),
     f"HSDP {REPLICAS}x{SHARDS} (measured, rank 0)": (
@@ -306,7 +329,7 @@ def spans(records) -> set[tuple[str, int]]:
     return {(c.kind, c.group_size) for c in records}
 
 
-records = results["sgd"][0]["collectives"]
+records = results["sgd"][0].collectives
 checks.check_volume(f"HSDP {REPLICAS}x{SHARDS}", records, HSDP_STEP, STEPS - 1,
                     exact_calls=("all_gather", "reduce_scatter", "all_reduce"))
 checks.expect(spans(records) == spans(HSDP_STEP), "HSDP groups", "rank 0",
@@ -349,12 +372,12 @@ ref_losses, ref_params = REFERENCE["sgd"]
 sent = {}
 for name, expected in ACCUMULATION_MODEL.items():
     run, ranks = f"HSDP {REPLICAS}x{SHARDS}, K={K}, {name}", results[name]
-    records = ranks[0]["collectives"]
+    records = ranks[0].collectives
     checks.check_volume(run, records, expected, STEPS - 1,
                         exact_calls=("all_gather", "reduce_scatter", "all_reduce"))
     checks.assert_losses_match(run, ref_losses,
-                               mean_over_ranks([r["losses"] for r in ranks]))
-    checks.assert_params_match(run, ref_params, ranks[0]["params"],
+                               mean_over_ranks([r.losses for r in ranks]))
+    checks.assert_params_match(run, ref_params, ranks[0].params,
                                checks.PARAM_TOL["sgd"])
     sent[name] = {kind: sum(comm.ring_bytes(c) for c in records if c.kind == kind)
                   / (STEPS - 1)
@@ -388,7 +411,7 @@ ax.set_title(f"HSDP {REPLICAS}x{SHARDS}, K={K} micro-batches per step: only the 
 fig.legend(loc="outside lower center", ncol=3, fontsize=9)
 plt.show()
 
-per_step = {n: [c.kind for c in results[n][0]["collectives"]] for n in names}
+per_step = {n: [c.kind for c in results[n][0].collectives] for n in names}
 CLAIM = dict(zip(names,
                  ("sync_every_micro_batch", "skip_all_reduce", "skip_gradient_sync")))
 

@@ -40,6 +40,7 @@ import matplotlib.pyplot as plt
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.device_mesh import init_device_mesh
 
 import guide
 from guide import checks, claims, memory, sharding
@@ -94,13 +95,14 @@ def wrapped(strategy: Strategy, precision: str, rank: guide.Rank) -> torch.nn.Mo
     model = build_model(CFG, device=rank.device)
     if precision == "bf16":
         model = model.to(torch.bfloat16)
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
     if not strategy.is_fsdp2:  # DDP(model): ZeRO-1 is DDP underneath
-        return sharding.wrap(model, Strategy.DDP, rank)
+        return sharding.apply_ddp(model, mesh)
     options = {"reshard_after_forward": strategy is Strategy.FSDP2}
     if precision == "bf16_mixed":
         options["mp_policy"] = BF16_MIXED
     # fully_shard on every block, then on the root
-    return sharding.wrap(model, Strategy.FSDP2, rank, **options)
+    return sharding.apply_fsdp2(model, mesh, **options)
 
 
 def worker(rank: guide.Rank) -> dict:
@@ -114,7 +116,7 @@ def worker(rank: guide.Rank) -> dict:
             opt = make_optimizer(optimizer, model.parameters())
         autocast = precision == "bf16_mixed" and not strategy.is_fsdp2
         with torch.autocast(rank.device.type, dtype=torch.bfloat16, enabled=autocast):
-            train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
+            train_steps(model, opt, BATCHES, rank)
         # after step(), before the next zero_grad()
         result = {"held": memory.measure(model, opt)}
         if strategy.is_fsdp2:  # a forward alone: what stays gathered until backward

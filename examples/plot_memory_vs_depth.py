@@ -28,10 +28,13 @@ not ``N``; in the peak slightly less.
 # Fresh ranks per point, because an FSDP2 model is not freed by ``del model; gc.collect()`` in
 # torch 2.13 (its parameter groups stay reachable), and a second model in the same process reuses
 # what the first one freed: both distort the second measurement.
+import dataclasses
 import math
 
 import matplotlib.pyplot as plt
 import numpy as np
+
+from torch.distributed.device_mesh import init_device_mesh
 
 import guide
 from guide import checks, claims, memory, sharding
@@ -66,19 +69,30 @@ def config(n_layers: int) -> ModelConfig:
     return ModelConfig(vocab=128, d_model=256, n_layers=n_layers, n_heads=4, d_mlp=1024)
 
 
-def depth_worker(rank: guide.Rank, strategy: Strategy, n_layers: int) -> dict:
+@dataclasses.dataclass(frozen=True)
+class DepthResult:
+    """One rank's peaks above its start (backward, the first step) and the state it holds."""
+
+    backward: int
+    step: int
+    held: int
+
+
+def depth_worker(rank: guide.Rank, strategy: Strategy, n_layers: int) -> DepthResult:
     prepare()
     start = current_bytes()
     model = build_model(config(n_layers), device=rank.device)
-    model = sharding.wrap(model, strategy, rank)  # DDP(model), or fully_shard
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    model = (sharding.apply_ddp(model, mesh) if strategy is Strategy.DDP  # DDP(model)
+             else sharding.apply_fsdp2(model, mesh))  # or fully_shard each block, then the root
     opt = make_optimizer("adamw", model.parameters())
     tokens = rank_slice(BATCHES[0], rank.rank, rank.world_size).to(rank.device)
     with PeakMemory(rank.device) as backward:
         next_token_loss(model, tokens).backward()
     with PeakMemory(rank.device) as step:
         opt.step()  # the first step: AdamW creates its two moments here
-    return {"backward": backward.peak_level_bytes - start,
-            "step": step.peak_level_bytes - start, "held": memory.measure(model, opt).total}
+    return DepthResult(backward.peak_level_bytes - start, step.peak_level_bytes - start,
+                       memory.measure(model, opt).total)
 
 
 points = {(s, n): [guide.launch(depth_worker, n, s, depth) for depth in DEPTHS]
@@ -87,7 +101,7 @@ points = {(s, n): [guide.launch(depth_worker, n, s, depth) for depth in DEPTHS]
 
 def per_point(key: str) -> dict:
     """The largest value over the ranks at each depth, per run, in MiB."""
-    return {run: np.array([max(r[key] for r in pt) for pt in pts]) / MiB
+    return {run: np.array([max(getattr(r, key) for r in pt) for pt in pts]) / MiB
             for run, pts in points.items()}
 
 
@@ -113,7 +127,7 @@ for (s, n), pts in points.items():
     for depth, pt in zip(DEPTHS, pts):
         predicted = memory.per_rank_state_bytes(shapes[depth], s, n, "fp32", "adamw",
                                                 ddp_buckets=True).total
-        got = max(r["held"] for r in pt)
+        got = max(r.held for r in pt)
         checks.expect(got == predicted, "held-state prediction",
                       f"{s} x{n}, {depth} blocks",
                       f"measured {got:,} B, predicted {predicted:,} B")

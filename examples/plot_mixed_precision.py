@@ -24,6 +24,7 @@ First, a question the rest depends on: can gloo, the CPU backend, move bf16 at a
 # table, every rank runs each collective on small integer-valued tensors (exact in bf16) and checks
 # the result (:func:`guide.precision.collective_support`).
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -32,9 +33,9 @@ import guide
 from guide import checks, claims, precision
 from guide.comm import CollectiveLog
 from guide.data import synthetic_batches
-from guide.dtensor import dtype_name
+from guide.layout import dtype_name
 from guide.model import ModelConfig, build_model
-from guide.plotting import FLOOR, style
+from guide.plotting import FLOOR, legend_below, style
 from guide.report import table
 from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
 
@@ -87,7 +88,7 @@ def mp_worker(rank: guide.Rank, optimizer: str, param_dtype: torch.dtype,
     at_rest_before = precision.stored_dtypes(model)
 
     def train(batches):
-        return train_steps(model, opt, batches, rank.rank, rank.world_size, rank.device)
+        return train_steps(model, opt, batches, rank)
 
     with precision.ForwardDtypes(model) as fwd, CollectiveLog(model) as log:
         losses = train(BATCHES[:1])
@@ -332,7 +333,7 @@ print(f"fp32, SGD matches the reference within {loss_tol:.0e} (no bf16 anywhere)
 RUN_COLORS = {"bf16/fp32, SGD": "#d62728", "bf16/fp32, AdamW": "#9467bd",
               "bf16/bf16, SGD": "#ff7f0e"}
 style()
-fig, ax = plt.subplots(figsize=(7.5, 4.2))
+fig, ax = plt.subplots(figsize=(7.5, 5.0))
 for name, gap in gaps.items():
     steps = range(len(gap))
     ax.plot(steps, [max(g, FLOOR) for g in gap], "o-", color=RUN_COLORS[name], ms=4,
@@ -343,9 +344,10 @@ ax.set_yscale("log")
 ax.set_xlabel("training step")
 ax.set_ylabel("|loss − fp32 loss| (nats/token)")
 ax.set_title("bf16 compute stays inside one bf16 rounding of the loss")
-ax.legend(loc="lower right", fontsize=9, ncols=2)
+legend_below(fig)
 ax.set_ylim(bottom=min((g for gap in gaps.values() for g in gap if g > 0),
                       default=FLOOR) / 3)
+ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
 plt.show()
 # sphinx_gallery_thumbnail_number = 1
 

@@ -34,16 +34,20 @@ outcome, the page puts each strategy's predicted and measured state and its meas
 # ``HEADROOM × P``. The headroom sits between the two strategies' needs: DDP holds 4 P between
 # steps (parameters, gradients, momentum, and DDP's buckets); FSDP2 holds 3 P / N plus one
 # gathered block.
+import dataclasses
 import math
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
+from torch.distributed.device_mesh import init_device_mesh
 
 import guide
 from guide import checks, claims, memory, sharding
 from guide.data import synthetic_batches
 from guide.memory import PeakMemory, current_bytes, data_segment_bytes, prepare
 from guide.model import ModelConfig, build_model
-from guide.plotting import style
+from guide.plotting import legend_below, style
 from guide.report import table
 from guide.sharding import Strategy
 from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
@@ -78,18 +82,29 @@ print(f"model: {n_params:,} parameters, P = {p_mib:.1f} MiB in fp32")
 # heap fragmentation. It also reports the data segment it started with.
 
 
-def train_worker(rank: guide.Rank, strategy: Strategy) -> dict:
+@dataclasses.dataclass(frozen=True)
+class OOMResult:
+    """One rank's run: its losses, its peak above the start, VmData at the start, state held."""
+
+    losses: list[float]
+    peak: int
+    start_vmdata: int
+    held: int
+
+
+def train_worker(rank: guide.Rank, strategy: Strategy) -> OOMResult:
     start_vmdata = data_segment_bytes()
     prepare()
     start = current_bytes()
-    model = sharding.wrap(build_model(CFG, device=rank.device), strategy, rank)
+    model = build_model(CFG, device=rank.device)
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    model = (sharding.apply_ddp(model, mesh) if strategy is Strategy.DDP
+             else sharding.apply_fsdp2(model, mesh))
     opt = make_optimizer(OPTIMIZER, model.parameters())
     with PeakMemory(rank.device) as peak:
-        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size,
-                             rank.device)
-    return {"losses": losses, "peak": peak.peak_level_bytes - start,
-            "start_vmdata": start_vmdata,
-            "held": memory.measure(model, opt).total}  # model state + DDP's buckets
+        losses = train_steps(model, opt, BATCHES, rank)
+    return OOMResult(losses, peak.peak_level_bytes - start, start_vmdata,
+                     memory.measure(model, opt).total)  # held: model state + DDP's buckets
 
 
 def start_level(rank: guide.Rank) -> int:
@@ -105,11 +120,11 @@ def start_level(rank: guide.Rank) -> int:
 ref_losses, _ = reference_run(CFG, OPTIMIZER, BATCHES)
 ddp_free = guide.launch(train_worker, 2, Strategy.DDP)
 checks.assert_losses_match("DDP x2 without a budget", ref_losses,
-                           mean_over_ranks([r["losses"] for r in ddp_free]))
-START = max(*guide.launch(start_level, 4), *(r["start_vmdata"] for r in ddp_free))
+                           mean_over_ranks([r.losses for r in ddp_free]))
+START = max(*guide.launch(start_level, 4), *(r.start_vmdata for r in ddp_free))
 BUDGET_MIB = math.ceil((START + HEADROOM * P) / MiB)
 headroom = BUDGET_MIB * MiB - START
-need = max(r["peak"] for r in ddp_free)
+need = max(r.peak for r in ddp_free)
 checks.expect(need > headroom, "DDP out of memory", "DDP x2",
               f"peaks at {need / MiB:.0f} MiB, inside the {headroom / MiB:.0f} MiB "
               "headroom: raise the model's size or lower HEADROOM, or DDP's failure "
@@ -154,7 +169,7 @@ for n, results in fsdp.items():
                   f"ran out of memory under {BUDGET_MIB} MiB per rank: "
                   f"{str(results).splitlines()[0]}")
     gap = checks.assert_losses_match(f"FSDP2 x{n} under {BUDGET_MIB} MiB", ref_losses,
-                                     mean_over_ranks([r["losses"] for r in results]))
+                                     mean_over_ranks([r.losses for r in results]))
     gap = ledger.claim(f"oom.fsdp2.n{n}.max_loss_gap", float(f"{gap:.1e}"), "nats",
                        guard="asserted: loss equivalence", budget_mib=BUDGET_MIB, **RUN)
     print(f"FSDP2 x{n}: {STEPS} steps within {BUDGET_MIB} MiB per rank; losses match "
@@ -177,10 +192,10 @@ rows = []
 for (strategy, n), results in runs.items():
     predicted = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", OPTIMIZER,
                                             ddp_buckets=True).total
-    measured = max(r["held"] for r in results)
+    measured = max(r.held for r in results)
     checks.expect(measured == predicted, "held-state prediction", f"{strategy} x{n}",
                   f"measured {measured:,} B, predicted {predicted:,} B")
-    key, peak = f"oom.{strategy.value}.n{n}", max(r["peak"] for r in results)
+    key, peak = f"oom.{strategy.value}.n{n}", max(r.peak for r in results)
     held_mib = ledger.claim(f"{key}.held", round(measured / MiB, 1), "MiB",
                             guard="asserted: held-state prediction", ddp_buckets=True,
                             **RUN)
@@ -213,22 +228,24 @@ print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with "
 # holds between steps; the dashed line is the budget's headroom. DDP's bar crosses it, and it did
 # crash.
 style()
-fig, ax = plt.subplots(figsize=(7.5, 3.4))
+fig, ax = plt.subplots(figsize=(7.5, 3.8))
 for i, ((strategy, _), (name, _, held, peak, _, outcome)) in enumerate(zip(runs, rows)):
-    ax.barh(i, peak, color=strategy.color, alpha=0.35,
-            label="measured peak" if i == 0 else None)
-    ax.barh(i, held, color=strategy.color,
-            label="held between steps (+ DDP's buckets)" if i == 0 else None)
+    ax.barh(i, peak, color=strategy.color, alpha=0.35)
+    ax.barh(i, held, color=strategy.color)
     ax.text(peak + 4, i, outcome, va="center", fontsize=10)
+# The axis starts at a fresh rank's VmData, so the budget shows as its headroom above that start.
 ax.axvline(headroom / MiB, color="black", ls="--", lw=1.2)
-ax.text(headroom / MiB, len(rows) - 0.45, f" budget: {headroom_mib} MiB", fontsize=10)
+ax.text(headroom / MiB, -0.8, f" budget {budget} MiB = start {start_mib} + {headroom_mib} MiB",
+        fontsize=9, va="center")
 ax.set_yticks(range(len(rows)), [r[0] for r in rows])
-ax.invert_yaxis()
+ax.set_ylim(len(rows) - 0.5, -1.15)  # inverted, with a free row on top for the budget's label
 ax.set_xlim(0, max(r[3] for r in rows) * 1.35)
 ax.set_xlabel("per-rank memory above a fresh rank (MiB)")
 ax.set_title(f"SGD + momentum, {p_mib:.1f} MiB of fp32 parameters, one budget for "
              "every rank")
-ax.legend(loc="lower right")
+# Swatches in neutral grey: each bar's colour is its strategy, its shade what the length means.
+legend_below(fig, handles=[Patch(color="grey", alpha=0.35, label="measured peak"),
+                           Patch(color="grey", label="held between steps (+ DDP's buckets)")])
 plt.show()
 # sphinx_gallery_thumbnail_number = 1
 

@@ -54,10 +54,10 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, claims, comm, dtensor, plotting, report, sharding
+from guide import checks, claims, comm, plotting, report, sharding
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
-from guide.dtensor import full_state, local_tensor
+from guide.layout import chunk_sizes, full_state, local_tensor, param_layouts
 from guide.model import ModelConfig, TinyLM, build_model
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run, train_steps)
@@ -191,8 +191,7 @@ def optimizer_first(rank: guide.Rank, mesh, build_optimizer_first: bool) -> dict
     if not build_optimizer_first:
         opt = make_optimizer("sgd", model.parameters())  # right: the DTensor parameters
     before = full_state(model)
-    losses, messages = caught(train_steps, model, opt, ONE_BATCH, rank.rank,
-                              rank.world_size, rank.device)
+    losses, messages = caught(train_steps, model, opt, ONE_BATCH, rank)
     return {"before": before, "after": full_state(model), "losses": losses,
             "messages": messages}
 
@@ -238,8 +237,7 @@ def tied_embeddings(rank: guide.Rank, mesh) -> dict:
     broken = None
     if not messages:  # a torch without the check: it trains; measure what
         opt = make_optimizer("sgd", wrong.parameters())
-        losses, said = caught(train_steps, wrong, opt, BATCHES, rank.rank,
-                              rank.world_size, rank.device)
+        losses, said = caught(train_steps, wrong, opt, BATCHES, rank)
         broken = {"tied": wrong.head.weight is wrong.tok_emb.weight, "losses": losses,
                   "messages": said, "params": full_state(wrong)}
 
@@ -253,7 +251,7 @@ def tied_embeddings(rank: guide.Rank, mesh) -> dict:
     from_rank0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, TIED_INIT if rank.is_main else {}, options=from_rank0)
     opt = make_optimizer("sgd", model.parameters())
-    losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size, rank.device)
+    losses = train_steps(model, opt, BATCHES, rank)
     tied["after training"] = model.head.weight is model.tok_emb.weight
     return {"messages": messages, "tied": tied, "losses": losses,
             "params": full_state(model), "broken": broken}
@@ -446,10 +444,9 @@ def root_shard(rank: guide.Rank, mesh, shard_root: bool) -> dict:
         fully_shard(model, mesh=mesh)  # the line that is missing in the wrong way
     opt = make_optimizer("sgd", model.parameters())
     with CollectiveLog(model) as log:
-        losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size,
-                             rank.device)
+        losses = train_steps(model, opt, BATCHES, rank)
     return {"losses": losses, "params": full_state(model),
-            "layouts": dtensor.param_layouts(model, rank.rank),
+            "layouts": param_layouts(model, rank.rank),
             "param_bytes": sum(local_tensor(p).nbytes for p in model.parameters()),
             "all_gathers": log.count("all_gather") / STEPS,
             "reduce_scatters": log.count("reduce_scatter") / STEPS}
@@ -482,7 +479,7 @@ def reshard_default(rank: guide.Rank, mesh, option: bool | None) -> dict:
                                  reshard_after_forward=option)
     opt = make_optimizer("sgd", model.parameters())
     with CollectiveLog(model) as log:
-        train_steps(model, opt, BATCHES[:1], rank.rank, rank.world_size, rank.device)
+        train_steps(model, opt, BATCHES[:1], rank)
     # a forward, no backward: what does the root hold?
     model(BATCHES[0, :, :-1].to(rank.device))
     held = ("sharded (DTensor)" if isinstance(model.tok_emb.weight, DTensor)
@@ -766,7 +763,7 @@ run = "6. seed per rank"
 initial = full_state(build_model(CFG))
 seed_gap = assert_differs(run, initial, R["6 wrong"], 0.0)
 seeded = {r: build_model(CFG, seed=r).tok_emb.weight for r in range(WORLD_SIZE)}
-chunks = dtensor.chunk_sizes(CFG.vocab, WORLD_SIZE)
+chunks = chunk_sizes(CFG.vocab, WORLD_SIZE)
 patch = torch.cat([seeded[r][sum(chunks[:r]):sum(chunks[:r + 1])]
                    for r in range(WORLD_SIZE)])
 checks.expect(torch.equal(R["6 wrong"]["tok_emb.weight"], patch), "pitfall reproduces",

@@ -35,7 +35,8 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, claims, comm, dtensor
+from guide import checks, claims, comm
+from guide.layout import ParamLayout, param_layouts
 from guide.comm import CollectiveLog
 from guide.data import rank_slice, synthetic_batches
 from guide.memory import MMAP_THRESHOLD, PeakMemory, prepare
@@ -111,7 +112,21 @@ def measured_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 # process, the default's kept root parameters did not show).
 
 
-def worker(rank: guide.Rank, reshard_after_forward) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ReshardResult:
+    """One rank's run under one setting: losses, the first batch's loss before and after training,
+    the parameters' layouts between forward and backward, the measured step, its collectives and
+    the median step time."""
+
+    losses: list[float]
+    learned: list[float]
+    between: list[ParamLayout]
+    memory: PhasedStep
+    collectives: list
+    step_s: float
+
+
+def worker(rank: guide.Rank, reshard_after_forward) -> ReshardResult:
     prepare()  # make freed memory leave the process, so resident memory tracks tensors
     model = build_model(CFG, device=rank.device)
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
@@ -119,11 +134,10 @@ def worker(rank: guide.Rank, reshard_after_forward) -> dict:
         "reshard_after_forward": reshard_after_forward}
     apply_fsdp2(model, mesh, **kwargs)
     opt = make_optimizer("sgd", model.parameters())
-    where = (rank.rank, rank.world_size, rank.device)
-    tokens = [rank_slice(b, *where[:2]).to(rank.device) for b in BATCHES]
+    tokens = [rank_slice(b, rank.rank, rank.world_size).to(rank.device) for b in BATCHES]
 
     loss = next_token_loss(model, tokens[0])  # warm-up step; look between fwd and bwd
-    between = dtensor.param_layouts(model, rank.rank)
+    between = param_layouts(model, rank.rank)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -134,12 +148,12 @@ def worker(rank: guide.Rank, reshard_after_forward) -> dict:
     times = []
     for batch in BATCHES[2:]:
         start = time.perf_counter()
-        losses += train_steps(model, opt, batch[None], *where)
+        losses += train_steps(model, opt, batch[None], rank)
         times.append(time.perf_counter() - start)
     with torch.no_grad():  # the first batch again: the same data, so a drop means it learned
         learned = [losses[0], next_token_loss(model, tokens[0]).item()]
-    return {"losses": losses, "learned": learned, "between": between, "memory": memory,
-            "collectives": log.records, "step_s": statistics.median(times)}
+    return ReshardResult(losses, learned, between, memory, log.records,
+                         statistics.median(times))
 
 
 results = {name: guide.launch(worker, WORLD_SIZE, raf)
@@ -154,11 +168,11 @@ results = {name: guide.launch(worker, WORLD_SIZE, raf)
 shown = ("blocks.0.fc1.weight", "head.weight")
 
 
-def layout(lay: dtensor.ParamLayout) -> str:
+def layout(lay: ParamLayout) -> str:
     return f"{lay.placements if lay.is_dtensor else 'plain tensor'} {lay.local_shape}"
 
 
-between = {name: {lay.name: lay for lay in res[0]["between"]}
+between = {name: {lay.name: lay for lay in res[0].between}
            for name, res in results.items()}
 print(table([[name, *(layout(lays[p]) for p in shown)]
              for name, lays in between.items()], ["reshard_after_forward", *shown]))
@@ -183,7 +197,7 @@ n_units = len(comm.fsdp2_groups(model))  # each block, and the root
 PHASES = ("forward", "backward")
 counts, group_sizes = {}, {}
 for name, res in results.items():
-    recs = [c for c in res[0]["collectives"] if c.kind == "all_gather"]
+    recs = [c for c in res[0].collectives if c.kind == "all_gather"]
     counts[name] = {ph: sum(c.phase == ph for c in recs) for ph in PHASES}
     group_sizes[name] = {ph: sorted({c.group_size for c in recs if c.phase == ph})
                          for ph in PHASES}
@@ -216,11 +230,11 @@ print(table([[name, *(ledger.claim(claim_name(name, f"all_gathers.{ph}_per_step"
 # -------------------------------------
 # Resharding moves parameters, not numbers: all four runs must produce the same losses, and each
 # must learn (its loss on the first batch falls), or equal losses would prove nothing.
-losses = {name: mean_over_ranks([r["losses"] for r in res])
+losses = {name: mean_over_ranks([r.losses for r in res])
           for name, res in results.items()}
 for name, res in results.items():  # same losses could also mean none learns
     checks.assert_learns(f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}",
-                         mean_over_ranks([r["learned"] for r in res]))
+                         mean_over_ranks([r.learned for r in res]))
 gaps = {name: checks.assert_losses_match(
             f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}", losses["True"],
             losses[name])
@@ -262,7 +276,7 @@ padded = padded_bytes(p.shape for p in model.parameters())
 root = comm.fsdp2_groups(model)[0]  # the root unit comes first
 kept = {"True": [], "False": padded, "2": [b // 2 for b in padded],
         "None (default)": padded_bytes(root.shapes)}
-held = {name: statistics.mean(r["memory"].held_after_forward_bytes for r in res)
+held = {name: statistics.mean(r.memory.held_after_forward_bytes for r in res)
         for name, res in results.items()}
 rows, extra_mib, peak_mib, step_ms = [], {}, {}, {}
 for name, res in results.items():
@@ -271,8 +285,8 @@ for name, res in results.items():
     # resident: they can go unseen (never double-counted), so they widen the tolerance.
     allowed = 0.1 * want + sum(b for b in kept[name] if b < MMAP_THRESHOLD) + NOISE
     extra_mib[name] = extra / MiB
-    peak_mib[name] = max(r["memory"].peak_bytes for r in res) / MiB
-    step_ms[name] = statistics.median(r["step_s"] for r in res) * 1e3
+    peak_mib[name] = max(r.memory.peak_bytes for r in res) / MiB
+    step_ms[name] = statistics.median(r.step_s for r in res) * 1e3
     checks.expect(abs(extra - want) <= allowed, "memory",
                   f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}",
                   f"the forward left {extra / MiB:.2f} MiB more than True's, expected "
@@ -296,22 +310,25 @@ MEMORY_COLOR = "#1f77b4"  # memory bars (FSDP2's colour marks its all-gathers)
 style()
 names = list(counts)
 x = range(len(names))
-fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(11, 3.8))
+fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(11, 4.2))
 fwd = [counts[n]["forward"] for n in names]
 ax1.bar(x, fwd, color=Strategy.FSDP2.color, alpha=0.45, label="forward")
 ax1.bar(x, [counts[n]["backward"] for n in names], bottom=fwd,
         color=Strategy.FSDP2.color, label="backward")
 ax1.set_ylabel("all-gathers per step")
-ax1.legend(loc="lower right")
+ax1.set_ylim(0, 1.45 * max(counts[n]["forward"] + counts[n]["backward"] for n in names))
+ax1.legend(loc="upper center", ncols=2)  # above the bars, not over them
 w = 0.38
 ax2.bar([i - w / 2 for i in x], [extra_mib[n] for n in names], w, color=MEMORY_COLOR,
         label="kept after forward (beyond True)")
 ax2.bar([i + w / 2 for i in x], [peak_mib[n] for n in names], w, color=MEMORY_COLOR,
         alpha=0.45, label="step peak (above pre-forward level)")
 ax2.set_ylabel("MiB per rank")
-ax2.legend(loc="upper left", fontsize=9)
+ax2.set_ylim(0, 1.6 * max(max(extra_mib.values()), max(peak_mib.values())))
+ax2.legend(loc="upper left")
 ax3.bar(x, [step_ms[n] for n in names], color="#7f7f7f")
-ax3.set_ylabel("step time (ms, median of ranks; noisy CPU)")
+ax3.set_ylabel("step time (ms)")
+ax3.set_title("median of ranks; CPU, noisy", fontsize=10)
 for ax in (ax1, ax2, ax3):
     ax.set_xticks(list(x), names, rotation=20)
     ax.set_xlabel("reshard_after_forward")

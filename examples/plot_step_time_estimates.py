@@ -165,7 +165,7 @@ print(f"{PARAMS / 1e9:.2f}e9 parameters; activations of one {SEQ:,}-token sequen
 # ----------------------------------------------
 # For ``k`` nodes (``N = 8k`` GPUs): DDP, FSDP2 with and without resharding, and HSDP, which shards
 # over a group of ``s`` GPUs (a node, or two) and replicates across the ``N/s`` groups. Communication
-# is one step's collectives (:mod:`guide.comm.model`: bf16 all-gathers, fp32 reduce-scatters and
+# is one step's collectives (:mod:`guide.comm.expected`: bf16 all-gathers, fp32 reduce-scatters and
 # all-reduces, as ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` issues them) priced
 # one after another (:func:`guide.comm.step_seconds`). Compute is ``6Ψ`` FLOPs per token, ``8Ψ``
 # with checkpointing (the forward runs twice), at the MFU above (:func:`guide.comm.compute_seconds`).

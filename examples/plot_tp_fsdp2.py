@@ -86,7 +86,7 @@ from guide import checks, claims, plotting
 from guide.comm import CollectiveLog, ring_bytes
 from guide.comm.tp import MeshLog, tp_fsdp2_step, tp_fsdp_estimate, tp_step
 from guide.data import synthetic_batches
-from guide.dtensor import full_state, param_layouts
+from guide.layout import full_state, param_layouts
 from guide.memory import PRESETS, GiB, measure, state_bytes_by_rank
 from guide.model import ModelConfig
 from guide.report import table

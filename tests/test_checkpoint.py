@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 
 import guide
 from guide import checkpoint, checks, sharding
@@ -57,10 +58,9 @@ def trained(cfg: ModelConfig = CFG, steps: int = 2, rank=None):
     """A model and AdamW after ``steps`` steps (on ``rank``'s FSDP2 shards when given)."""
     model = build_model(cfg, seed=0)
     if rank is not None:
-        model = sharding.wrap(model, "fsdp2", rank)
+        model = sharding.apply_fsdp2(model, init_device_mesh("cpu", (rank.world_size,)))
     opt = make_optimizer("adamw", model.parameters())
-    r, n = (rank.rank, rank.world_size) if rank is not None else (0, 1)
-    train_steps(model, opt, BATCHES[:steps], r, n)
+    train_steps(model, opt, BATCHES[:steps], rank)
     return model, opt
 
 
@@ -356,7 +356,7 @@ def _save_then_die(rank: guide.Rank, root: Path, atomic: bool) -> None:
     else:
         dcp.save(state_of(model, opt), checkpoint_id=root / "in-place")
     step2 = checkpoint.gathered_state(model, opt)
-    train_steps(model, opt, BATCHES[2:], rank.rank, rank.world_size)
+    train_steps(model, opt, BATCHES[2:], rank)
     step4 = checkpoint.gathered_state(model, opt)
     if rank.is_main:
         torch.save({"step2": step2, "step4": step4}, root / "expected.pt")
@@ -394,7 +394,8 @@ def test_control_a_rank_killed_mid_save_in_place_leaves_a_silent_mix(tmp_path: P
 
 
 def _load_on_ranks(rank: guide.Rank, path: Path, cfg: ModelConfig) -> None:
-    model = sharding.wrap(build_model(cfg, seed=1), "fsdp2", rank)
+    model = sharding.apply_fsdp2(build_model(cfg, seed=1),
+                                 init_device_mesh("cpu", (rank.world_size,)))
     state = state_of(model, make_optimizer("adamw", model.parameters()))
     checkpoint.verify(path, state)
     dcp.load(state, checkpoint_id=path)

@@ -10,9 +10,10 @@ import math
 
 import pytest
 import torch
+from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, dtensor
+from guide import checks, layout
 from guide.data import rank_slice, synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.training import NonFiniteLoss, make_optimizer, mean_over_ranks, train_steps
@@ -22,7 +23,7 @@ from guide.training import NonFiniteLoss, make_optimizer, mean_over_ranks, train
 @pytest.mark.parametrize("ws", [1, 2, 3, 4, 8])
 def test_expected_shard_rows_follow_torch_chunk(dim0: int, ws: int) -> None:
     chunks = torch.arange(dim0).chunk(ws)
-    rows = [dtensor.chunk_rows(dim0, r, ws) for r in range(ws)]
+    rows = [layout.chunk_rows(dim0, r, ws) for r in range(ws)]
     assert rows == [len(c) for c in chunks] + [0] * (ws - len(chunks))
     assert sum(rows) == dim0
 
@@ -37,7 +38,7 @@ def _fsdp2_layouts(rank: guide.Rank, cfg: ModelConfig, shard: bool) -> list:
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    return dtensor.param_layouts(model, rank.rank)
+    return layout.param_layouts(model, rank.rank)
 
 
 UNEVEN = ModelConfig(vocab=127, d_model=48, n_layers=1, n_heads=4, d_mlp=100, max_seq=20)
@@ -86,27 +87,15 @@ def test_bad_inputs_get_clear_errors() -> None:
         build_model()(torch.zeros(1, 40, dtype=torch.long))
 
 
-def test_sharding_wrap_refuses_what_it_cannot_do() -> None:
-    from guide import sharding
-
-    rank = guide.Rank(0, 1, torch.device("cpu"), "gloo")
-    with pytest.raises(ValueError, match=r"unknown strategy 'ZeRO-4'; choose one of \['ddp', "):
-        sharding.wrap(build_model(), "ZeRO-4", rank)
-    with pytest.raises(ValueError, match="ZeRO-1 is modelled, not run"):
-        sharding.wrap(build_model(), sharding.Strategy.ZERO1, rank)
-    with pytest.raises(ValueError, match="are FSDP2's; DDP takes none"):
-        sharding.wrap(build_model(), "DDP", rank, reshard_after_forward=False)
-    with pytest.raises(ValueError, match="expected a model with .blocks"):
-        sharding.apply_fsdp2(torch.nn.Linear(2, 2), mesh=None)
-
-
 def _wrapped_layouts(rank: guide.Rank, strategy: str) -> list:
     from guide import sharding
 
-    return dtensor.param_layouts(sharding.wrap(build_model(UNEVEN), strategy, rank), rank.rank)
+    mesh = init_device_mesh("cpu", (rank.world_size,))
+    apply = sharding.apply_ddp if strategy == "DDP" else sharding.apply_fsdp2
+    return layout.param_layouts(apply(build_model(UNEVEN), mesh), rank.rank)
 
 
-def test_sharding_wrap_applies_each_policy() -> None:
+def test_apply_ddp_and_apply_fsdp2_apply_each_policy() -> None:
     fsdp = [lay for r in guide.launch(_wrapped_layouts, 2, "FSDP2") for lay in r]
     checks.assert_sharded("wrap FSDP2", fsdp, 2)
     ddp = [lay for r in guide.launch(_wrapped_layouts, 2, "DDP") for lay in r]

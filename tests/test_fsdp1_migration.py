@@ -69,7 +69,7 @@ def _fsdp1_checkpoint_into_fsdp2(rank: guide.Rank, directory: str) -> dict:
     model = FSDP(build_model(CFG), auto_wrap_policy=ModuleWrapPolicy({Block}),
                  device_id=torch.device("cpu"))
     opt = make_optimizer("adamw", model.parameters())
-    train_steps(model, opt, BATCHES, rank.rank, rank.world_size)
+    train_steps(model, opt, BATCHES, rank)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # FSDP1's state_dict_type is deprecated
         with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):

@@ -52,3 +52,46 @@ def test_thumbnail_guard_catches_a_missing_and_an_out_of_range_choice() -> None:
 
 def test_every_example_is_placed_in_the_story_once() -> None:
     assert sorted(STORY) == sorted(p.name for p in EXAMPLES)
+
+
+def _generated_index(names: list[str]) -> str:
+    """An index in the shape sphinx-gallery 0.22 writes: header, one card grid, one toctree."""
+    card = ('.. raw:: html\n\n    <div class="sphx-glr-thumbcontainer" tooltip="t">\n\n'
+            '.. only:: html\n\n  .. image:: /auto_examples/images/thumb/{0}_thumb.png\n'
+            '    :alt:\n\n'
+            '  :doc:`/auto_examples/{0}`\n\n.. raw:: html\n\n'
+            '      <div class="sphx-glr-thumbnail-title">{0}</div>\n    </div>\n\n\n')
+    return ("Examples\n========\n\nHeader.\n\n.. raw:: html\n\n"
+            "    <div class=\"sphx-glr-thumbnails\">\n\n.. thumbnail-parent-div-open\n\n"
+            + "".join(card.format(n) for n in names)
+            + ".. thumbnail-parent-div-close\n\n.. raw:: html\n\n    </div>\n\n\n"
+            ".. toctree::\n   :hidden:\n\n" + "".join(f"   /auto_examples/{n}\n" for n in names)
+            + "\n\n.. only:: html\n\n  footer\n")
+
+
+def test_gallery_index_is_rewritten_into_captioned_sections() -> None:
+    from gallery_order import SECTIONS, sectioned_index
+
+    names = [Path(f).stem for f in STORY]
+    out = sectioned_index(_generated_index(names))
+    assert sectioned_index(out) == out  # a second build leaves it as it is
+    for section in SECTIONS:
+        assert f"\n{section.title}\n{'-' * len(section.title)}\n" in out
+        assert section.caption in out and f":caption: {section.title}\n" in out
+    assert out.count("sphx-glr-thumbcontainer") == len(STORY) and "footer" in out
+    headings = [out.index(f"\n{s.title}\n") for s in SECTIONS]
+    assert headings == sorted(headings)  # sections in story order
+    with pytest.raises(ValueError, match="plot_new.py.*not placed.*SECTIONS"):
+        sectioned_index(_generated_index([*names, "plot_new"]))
+    with pytest.raises(ValueError, match="no card grid or toctree"):
+        sectioned_index("Examples\n========\n")
+
+
+def test_landing_page_cards_follow_the_sections() -> None:
+    from gallery_order import SECTIONS, landing_rst
+
+    rst = landing_rst()
+    assert [line.removeprefix(".. rubric:: ") for line in rst.splitlines()
+            if line.startswith(".. rubric::")] == [s.title for s in SECTIONS]
+    assert [line.strip().removeprefix("../examples/") for line in rst.splitlines()
+            if line.strip().startswith("../examples/")] == list(STORY)

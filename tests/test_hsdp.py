@@ -25,7 +25,7 @@ from torch.distributed.fsdp import fully_shard
 import guide
 from guide import checks
 from guide.data import synthetic_batches
-from guide.dtensor import ParamLayout, full_state, local_tensor, param_layouts
+from guide.layout import ParamLayout, full_state, local_tensor, param_layouts
 from guide.model import ModelConfig, build_model
 from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
 
@@ -163,7 +163,7 @@ def _hsdp_runs(rank: guide.Rank) -> dict:
         try:
             losses, shards = [], []
             for batch in BATCHES:
-                losses += train_steps(model, opt, batch[None], rank.rank, rank.world_size)
+                losses += train_steps(model, opt, batch[None], rank)
                 shards.append({n: local_tensor(p).detach().clone()
                                for n, p in model.named_parameters()})
         finally:

@@ -7,7 +7,8 @@ import torch
 
 import guide
 from guide.model import build_model
-from guide.sharding import Strategy, fsdp2_units, wrap
+from guide.sharding import Strategy, apply_ddp, apply_fsdp2, fsdp2_units
+from guide.training import make_optimizer, train_steps
 
 
 def test_one_vocabulary() -> None:
@@ -29,13 +30,20 @@ def test_fsdp2_units_are_root_then_blocks() -> None:
     assert sum(p.numel() for u in units for p in u) == sum(p.numel() for p in model.parameters())
 
 
-def test_wrap_refuses_what_it_cannot_do() -> None:
+def test_apply_functions_take_a_mesh_and_say_so() -> None:
     rank = guide.Rank(0, 1, torch.device("cpu"), "gloo")
-    with pytest.raises(ValueError, match=r"unknown strategy 'ZeRO-4'; choose one of \['ddp', "):
-        wrap(build_model(), "ZeRO-4", rank)
-    with pytest.raises(ValueError, match="ZeRO-1 is modelled, not run"):
-        wrap(build_model(), Strategy.ZERO1, rank)
-    with pytest.raises(ValueError, match="are FSDP2's; DDP takes none"):
-        wrap(build_model(), "ddp", rank, reshard_after_forward=False)
+    for apply in (apply_ddp, apply_fsdp2):  # the old apply_ddp(model, rank) spelling
+        with pytest.raises(TypeError, match=r"takes a DeviceMesh, got Rank: .*init_device_mesh"):
+            apply(build_model(), rank)
+    with pytest.raises(ValueError, match="expected a model with .blocks"):
+        apply_fsdp2(torch.nn.Linear(2, 2), mesh=None)
     with pytest.raises(ValueError, match="expected a model with .blocks"):
         fsdp2_units(torch.nn.Linear(2, 2))
+
+
+def test_train_steps_takes_a_rank_not_its_fields() -> None:
+    model = build_model()
+    with pytest.raises(TypeError, match=r"pass `rank`, not `rank.rank, rank.world_size`"):
+        train_steps(model, make_optimizer("sgd", model.parameters()),
+                    torch.zeros(1, 2, 9, dtype=torch.long), 0)
+

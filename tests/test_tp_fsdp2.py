@@ -99,7 +99,7 @@ def _tp_job(rank: guide.Rank, mlp: bool) -> dict:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from guide.dtensor import param_layouts
+    from guide.layout import param_layouts
 
     mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
     model = build_tp_model(CFG)

@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from guide.comm.model import Collective, summarize
-from guide.dtensor import ParamLayout, chunk_rows
+from guide.comm.expected import Collective, summarize
+from guide.layout import ParamLayout, chunk_rows
 from guide.validate import positive_int
 
 __all__ = ["CheckFailed", "LEARN_MIN_DROP", "LOSS_TOL", "assert_learns", "PARAM_TOL", "assert_losses_match", "assert_params_match",
@@ -314,7 +314,7 @@ def assert_replicas_identical(run: str,
     return compared
 
 
-# -- communication: measured collectives against guide.comm.model ---------------------------------
+# -- communication: measured collectives against guide.comm.expected ------------------------------
 
 #: How far measured element counts may sit from the communication model (relative) before a page
 #: fails (the communication example prints each run's gap).
@@ -330,7 +330,7 @@ def check_volume(run: str, measured: Sequence[Collective], expected: Sequence[Co
                  exact_calls: Sequence[str] = ("all_gather", "reduce_scatter", "broadcast"),
                  ) -> dict[tuple[str, str], tuple[float, int, float]]:
     """Compare ``measured`` (all records of ``steps`` steps, :class:`guide.comm.CollectiveLog`) with
-    one step of ``expected`` (:mod:`guide.comm.model`).
+    one step of ``expected`` (:mod:`guide.comm.expected`).
 
     For each ``(kind, dtype)`` the measured elements per step must sit within ``tol`` (relative) of
     the model, and for the kinds in ``exact_calls`` the calls per step must match exactly (DDP's

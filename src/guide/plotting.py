@@ -19,7 +19,8 @@ if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.b
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-__all__ = ["FLOOR", "REFERENCE_COLOR", "STYLE", "gap_axis", "style", "tolerance_line"]
+__all__ = ["FLOOR", "REFERENCE_COLOR", "STYLE", "gap_axis", "legend_below", "style",
+           "tolerance_line"]
 
 #: The single-process reference run, on every page (strategies: ``Strategy.color``).
 REFERENCE_COLOR = "#222222"
@@ -34,6 +35,9 @@ STYLE = {
     "axes.spines.top": False,
     "axes.spines.right": False,
     "legend.frameon": False,
+    # A legend is read at phone width too (a 7.5 in figure shrinks to about 45 %): never smaller
+    # than the tick labels; pages put it below the axes (legend_below) rather than over the data.
+    "legend.fontsize": "medium",
     "figure.constrained_layout.use": True,
 }
 
@@ -59,6 +63,13 @@ def gap_axis(ax: plt.Axes, gaps: Sequence[float], color: str, marker: str = "o",
         ax.axhline(FLOOR, color="grey", lw=0.8, ls=":")
         ax.text(0, FLOOR * 1.6, "bitwise equal", color="grey", fontsize=9)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
+def legend_below(fig: plt.Figure, ncols: int = 2, **kwargs) -> None:
+    """The figure's legend under its axes, in ``ncols`` columns at the site's font size: it covers
+    no data and stays readable when a phone shrinks the figure. Needs constrained layout (the
+    site's style turns it on)."""
+    fig.legend(loc="outside lower center", ncols=ncols, **kwargs)
 
 
 def tolerance_line(ax: plt.Axes, tol: float, text: str = "tolerance (build fails above)") -> None:

@@ -8,7 +8,7 @@ and a claim about any of them is checkable from inside a rank:
   seen by forward hooks while the forward runs (:class:`ForwardDtypes`);
 * **gradients**: the sharded ``.grad`` the optimizer reads (:func:`grad_dtypes`);
 * **on the wire**: the dtype of each collective (:class:`guide.comm.CollectiveLog` records it;
-  :func:`guide.dtensor.dtype_name` is the short name it records).
+  :func:`guide.layout.dtype_name` is the short name it records).
 
 :func:`assert_dtypes` turns an observation into a build-failing check. :func:`collective_support`
 asks the process group which collectives it can run in a dtype (gloo on CPU and bf16 is the case in
@@ -27,7 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from guide.checks import CheckFailed
-from guide.dtensor import dtype_name, local_tensor, plain_name
+from guide.layout import dtype_name, local_tensor, plain_name
 from guide.launcher.torch_support import flat_collective
 
 __all__ = ["ForwardDtypes", "assert_dtypes", "assert_loss_gap_within", "collective_support",

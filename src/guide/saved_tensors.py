@@ -34,7 +34,7 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.hooks import RemovableHandle
 
-from guide.dtensor import dtype_name
+from guide.layout import dtype_name
 
 __all__ = ["SavedStorage", "SavedTensors", "is_parameter"]
 

@@ -5,7 +5,8 @@ memory model, the communication model, the charts and the tables all take a ``St
 key, e.g. ``"fsdp2"``) and show its :attr:`~Strategy.label` in its :attr:`~Strategy.color`.
 
 :func:`apply_ddp` and :func:`apply_fsdp2` wrap :class:`guide.model.TinyLM` (as torchtitan's
-``apply_fsdp`` does for Llama); :func:`fsdp2_units` says which parameters each ``fully_shard`` call
+``apply_fsdp`` does for Llama); both take the model and the ``DeviceMesh`` it runs over, and are the
+library's one spelling of each. :func:`fsdp2_units` says which parameters each ``fully_shard`` call
 owns. The main example (``plot_ddp_vs_fsdp2.py``) spells the same calls out in full.
 """
 
@@ -14,12 +15,13 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["Strategy", "apply_ddp", "apply_fsdp2", "fsdp2_units", "wrap"]
+__all__ = ["Strategy", "apply_ddp", "apply_fsdp2", "fsdp2_units"]
 
 
 class Strategy(str, enum.Enum):
@@ -83,8 +85,9 @@ def fsdp2_units(model: nn.Module) -> list[list[nn.Parameter]]:
     return [root, *(list(b.parameters()) for b in blocks)]
 
 
-def apply_fsdp2(model: nn.Module, mesh: Any, **options: Any) -> nn.Module:
-    """``fully_shard`` each transformer block, then the root (embeddings, final norm, head).
+def apply_fsdp2(model: nn.Module, mesh: DeviceMesh, **options: Any) -> nn.Module:
+    """``fully_shard`` each transformer block, then the root (embeddings, final norm, head), over
+    ``mesh`` (1-D: FSDP2; 2-D ``(replicate, shard)``: HSDP); returns ``model``, now FSDP2's.
 
     Each block becomes one FSDP2 unit: one all-gather of its parameters before its forward (and
     again before its backward when ``reshard_after_forward`` is true), one reduce-scatter of its
@@ -92,28 +95,28 @@ def apply_fsdp2(model: nn.Module, mesh: Any, **options: Any) -> nn.Module:
     every call. Every rank must have built identical weights: ``fully_shard`` does not broadcast.
     """
     fsdp2_units(model)  # validates the model's shape
+    _require_mesh(mesh, "apply_fsdp2")
     for block in model.blocks:
         fully_shard(block, mesh=mesh, **options)
     fully_shard(model, mesh=mesh, **options)
     return model
 
 
-def apply_ddp(model: nn.Module, rank: Any) -> nn.Module:
-    """Wrap in ``DistributedDataParallel``: broadcast rank 0's weights, all-reduce gradients in
-    backward. On CUDA the module is bound to this rank's GPU."""
-    if rank.device.type == "cuda":
-        return DistributedDataParallel(model, device_ids=[rank.device.index])
-    return DistributedDataParallel(model)
+def apply_ddp(model: nn.Module, mesh: DeviceMesh, **options: Any) -> nn.Module:
+    """``DistributedDataParallel(model)`` over the ranks of ``mesh`` (1-D), the same argument
+    :func:`apply_fsdp2` takes: it broadcasts rank 0's weights and all-reduces gradients in backward.
+    On CUDA the module is bound to this process's current GPU. ``options`` (``bucket_cap_mb``,
+    ``gradient_as_bucket_view``, ...) go to ``DistributedDataParallel``."""
+    _require_mesh(mesh, "apply_ddp")
+    if mesh.ndim != 1:
+        raise ValueError(f"apply_ddp replicates over a 1-D mesh; got {mesh.ndim} dimensions "
+                         f"{mesh.mesh_dim_names}. Pass init_device_mesh(device, (world_size,)).")
+    if mesh.device_type == "cuda":
+        options.setdefault("device_ids", [torch.cuda.current_device()])
+    return DistributedDataParallel(model, process_group=mesh.get_group(), **options)
 
 
-def wrap(model: nn.Module, strategy: Strategy | str, rank: Any, **fsdp_options: Any) -> nn.Module:
-    """``model`` under ``strategy`` (DDP or FSDP2, over all ranks of ``rank``'s group)."""
-    strategy = Strategy.parse(strategy)
-    if strategy is Strategy.DDP:
-        if fsdp_options:
-            raise ValueError(f"options {sorted(fsdp_options)} are FSDP2's; DDP takes none here.")
-        return apply_ddp(model, rank)
-    if strategy is Strategy.FSDP2:
-        mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-        return apply_fsdp2(model, mesh, **fsdp_options)
-    raise ValueError(f"wrap runs DDP or FSDP2; {strategy.label} is modelled, not run, here.")
+def _require_mesh(mesh: Any, name: str) -> None:
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"{name} takes a DeviceMesh, got {type(mesh).__name__}: build one with "
+                        "init_device_mesh(rank.device.type, (rank.world_size,)).")

@@ -10,7 +10,7 @@ runs whole in one process and on ``1/t`` of the heads on each rank of a tensor-p
 single-process reference and every rank start from the same weights. :func:`tp_local_shapes` and
 :func:`expected_layout` say, from the plan alone, what each rank should hold after
 ``parallelize_module`` on the ``"tp"`` mesh dimension and ``fully_shard`` on ``"dp"``: the pages
-compare them with what the ranks report (:func:`guide.dtensor.param_layouts`).
+compare them with what the ranks report (:func:`guide.layout.param_layouts`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from guide.dtensor import chunk_rows
+from guide.layout import chunk_rows
 from guide.model import ModelConfig, TinyLM
 from guide.validate import positive_int
 

@@ -17,11 +17,12 @@ from torch import nn
 
 from guide.checks import assert_learns
 from guide.data import rank_slice
-from guide.dtensor import full_state
+from guide.launcher.rank import Rank
+from guide.layout import ParamLayout, full_state
 from guide.model import ModelConfig, build_model
 
-__all__ = ["OPTIMIZERS", "NonFiniteLoss", "Optimizer", "make_optimizer", "mean_over_ranks",
-           "next_token_loss", "reference_run", "train_steps"]
+__all__ = ["OPTIMIZERS", "NonFiniteLoss", "Optimizer", "TrainResult", "make_optimizer",
+           "mean_over_ranks", "next_token_loss", "reference_run", "train_steps"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,17 @@ OPTIMIZERS: dict[str, Optimizer] = {o.key: o for o in (
     Optimizer("adamw", "AdamW",
               lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01), 2, 4),
 )}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a training worker sends back from its rank: the losses it saw and the full parameters
+    it ended with; the initial ones and how the rank held each parameter where a page asks."""
+
+    losses: list[float]
+    params: dict[str, torch.Tensor]
+    initial: dict[str, torch.Tensor] | None = None
+    layouts: list[ParamLayout] = dataclasses.field(default_factory=list)
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -80,25 +92,31 @@ def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batches: torch.Tensor,
-                rank: int = 0, world_size: int = 1,
-                device: torch.device | str = "cpu") -> list[float]:
+                rank: Rank | None = None) -> list[float]:
     """Train on each global batch in ``batches`` (``(steps, B, T+1)``); return this rank's losses.
 
-    Each rank takes its own slice of every global batch (:func:`guide.data.rank_slice`). The loss
-    is the mean cross-entropy over this rank's tokens; with equal slices the global loss is the
+    ``rank`` is the worker's :class:`guide.Rank` (``None``: one process on the CPU, the reference
+    run). Each rank takes its own slice of every global batch (:func:`guide.data.rank_slice`). The
+    loss is the mean cross-entropy over this rank's tokens; with equal slices the global loss is the
     mean of the ranks' losses (:func:`mean_over_ranks`), computed in the parent so that reporting
     adds no collective to the step being measured.
     """
+    if rank is not None and not isinstance(rank, Rank):
+        raise TypeError(f"train_steps takes the worker's guide.Rank (or None for one process), got "
+                        f"{type(rank).__name__}: pass `rank`, not `rank.rank, rank.world_size`.")
+    index, world_size, device = (0, 1, "cpu") if rank is None else (
+        rank.rank, rank.world_size, rank.device)
     losses = []
     for step, batch in enumerate(batches):
-        tokens = rank_slice(batch, rank, world_size).to(device)
+        tokens = rank_slice(batch, index, world_size).to(device)
         optimizer.zero_grad(set_to_none=True)
         loss = next_token_loss(model, tokens)
         loss.backward()
         optimizer.step()
         value = loss.item()
         if not math.isfinite(value):
-            raise NonFiniteLoss(f"loss is {value} at step {step} on rank {rank}; the run is invalid.")
+            raise NonFiniteLoss(f"loss is {value} at step {step} on rank {index}; "
+                                "the run is invalid.")
         losses.append(value)
     return losses
 

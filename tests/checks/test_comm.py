@@ -1,5 +1,5 @@
 """The communication checks of guide.checks: check_volume (measured collectives against
-guide.comm.model) and check_wire (measured wire bytes against the gloo model).
+guide.comm.expected) and check_wire (measured wire bytes against the gloo model).
 
 Each gets the ways it can be fooled: a gap just above its default tolerance raises and one just
 below passes (ELEMENT_TOL and WIRE_TOL are typed here on purpose: changing one must change a test),

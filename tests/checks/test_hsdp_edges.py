@@ -9,7 +9,7 @@ import pytest
 
 from guide import checks
 from guide.checks import CheckFailed
-from guide.dtensor import ParamLayout
+from guide.layout import ParamLayout
 
 HSDP = "(Replicate(), Shard(dim=0))"
 LAYOUTS = [ParamLayout("w", r, True, HSDP, (4,), (2,)) for r in range(4)]

@@ -10,7 +10,7 @@ import pytest
 
 from guide import checks
 from guide.checks import CheckFailed
-from guide.dtensor import ParamLayout
+from guide.layout import ParamLayout
 
 SHARD0 = "(Shard(dim=0),)"
 

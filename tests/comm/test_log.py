@@ -1,5 +1,5 @@
 """guide.comm.log: the collective counter sees what DDP, FSDP2 and ZeRO-1 issue, and what it sees
-matches guide.comm.model (checked with guide.checks.check_volume / check_wire).
+matches guide.comm.expected (checked with guide.checks.check_volume / check_wire).
 
 The launched tests run 2 gloo ranks (a few seconds each); the rest run in a gloo world of one.
 """
@@ -92,9 +92,9 @@ def _ddp_worker(rank: guide.Rank, hook: bool) -> tuple[list[Collective], int | N
     opt = make_optimizer("sgd", model.parameters())
     if hook:
         comm.count_ddp_allreduce(model)
-    train_steps(model, opt, batches[:1], rank.rank, rank.world_size)
+    train_steps(model, opt, batches[:1], rank)
     with CollectiveLog(model if hook else None) as log:
-        train_steps(model, opt, batches[1:], rank.rank, rank.world_size)
+        train_steps(model, opt, batches[1:], rank)
     return log.records, log.wire_bytes
 
 
@@ -106,9 +106,9 @@ def _fsdp_worker(rank: guide.Rank) -> tuple[list[Collective], list[FSDPGroup], i
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     apply_fsdp2(model, init_device_mesh("cpu", (rank.world_size,)), mp_policy=mp)
     opt = make_optimizer("sgd", model.parameters())
-    train_steps(model, opt, batches[:1], rank.rank, rank.world_size)
+    train_steps(model, opt, batches[:1], rank)
     with CollectiveLog(model) as log:
-        train_steps(model, opt, batches[1:], rank.rank, rank.world_size)
+        train_steps(model, opt, batches[1:], rank)
     return log.records, groups, log.wire_bytes
 
 

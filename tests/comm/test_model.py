@@ -1,4 +1,5 @@
-"""guide.comm.model: one step's collectives from parameter shapes, and the checks that compare them.
+"""guide.comm.expected: one step's collectives from parameter shapes, and the checks that compare
+them.
 
 Pure arithmetic; the comparison with what real ranks issue is in ``test_log.py``.
 """

@@ -3,6 +3,7 @@ loopback."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -53,6 +54,27 @@ def test_dtensor_results_arrive_as_local_cpu_tensors() -> None:
     assert type(a["shard"]) is torch.Tensor and a["shard"].flatten().tolist() == [0, 1, 2]
     assert b["shard"].flatten().tolist() == [3, 4, 5]
     assert type(a["nested"][1][0]) is torch.Tensor and not a["shard"].requires_grad
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """A worker's result record, as pages return them."""
+
+    shard: torch.Tensor
+    label: str
+
+
+def test_dataclass_results_arrive_with_local_cpu_tensors() -> None:
+    def worker(rank: guide.Rank) -> _Held:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (rank.world_size,))
+        return _Held(distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]), f"rank {rank.rank}")
+
+    a, b = guide.launch(worker, 2)
+    assert type(a.shard) is torch.Tensor and a.shard.tolist() == [0, 1] and a.label == "rank 0"
+    assert b.shard.tolist() == [2, 3] and b.label == "rank 1"
 
 
 def _listening_sockets(pids: list[int]) -> list[str]:

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
@@ -70,11 +71,13 @@ def _ranks_worker(rank: guide.Rank) -> dict:
         if run == "ddp_bucket_view":
             model = DistributedDataParallel(build_model(_CFG), gradient_as_bucket_view=True)
         else:
-            model = sharding.wrap(build_model(_CFG), "fsdp2" if run == "fsdp2" else "ddp", rank)
+            mesh = init_device_mesh("cpu", (rank.world_size,))
+            apply = sharding.apply_fsdp2 if run == "fsdp2" else sharding.apply_ddp
+            model = apply(build_model(_CFG), mesh)
         opt = (ZeroRedundancyOptimizer(model.parameters(),
                                        optimizer_class=OPTIMIZERS["adamw"].factory)
                if run == "zero1" else make_optimizer("adamw", model.parameters()))
-        train_steps(model, opt, batches, rank.rank, rank.world_size)
+        train_steps(model, opt, batches, rank)
         reducer = reducer_bucket_bytes(model) if isinstance(model, DistributedDataParallel) else 0
         out[run] = (measure(model, opt), reducer)
         del model, opt

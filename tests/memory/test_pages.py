@@ -27,11 +27,10 @@ def test_model_state_page_fails_when_fsdp2_root_is_not_sharded(tmp_path):
     faulty = _inject(MODEL_STATE_PAGE, [
         ("else (1, 2, 4)\n", "else (2,)\n"),
         ('RUNS = (("fp32", "adamw"), ', 'RUNS = (("fp32", "adamw"),)  # '),
-        ("    return sharding.wrap(model, Strategy.FSDP2, rank, **options)",
-         "    from torch.distributed.device_mesh import init_device_mesh\n"
+        ("    return sharding.apply_fsdp2(model, mesh, **options)",
          "    from torch.distributed.fsdp import fully_shard\n"
          "    for block in model.blocks:\n"
-         "        fully_shard(block, mesh=init_device_mesh('cpu', (2,)), **options)\n"
+         "        fully_shard(block, mesh=mesh, **options)\n"
          "    return model"),
     ], tmp_path)
     run = run_python(faulty, timeout=240)

@@ -4,9 +4,9 @@ Prediction and measurement side by side, as for memory:
 
 * :mod:`guide.comm.log` -- **measured**: :class:`CollectiveLog` records every collective a rank
   issues (kind, dtype, elements, bytes, phase of the step) and the bytes it wrote to its sockets.
-* :mod:`guide.comm.model` -- **predicted**: the collectives one step of DDP, ZeRO-1, FSDP2 or HSDP
-  should issue, from parameter shapes (:func:`ddp_step`, :func:`zero1_step`, :func:`fsdp2_step`,
-  :func:`hsdp_step`), and ZeRO's 2Ψ-vs-3Ψ accounting (:func:`zero_volume`).
+* :mod:`guide.comm.expected` -- **predicted**: the collectives one step of DDP, ZeRO-1, FSDP2 or
+  HSDP should issue, from parameter shapes (:func:`ddp_step`, :func:`zero1_step`,
+  :func:`fsdp2_step`, :func:`hsdp_step`), and ZeRO's 2Ψ-vs-3Ψ accounting (:func:`zero_volume`).
 * :mod:`guide.comm.cost` -- **estimated**: bytes per rank under the ring algorithm and on gloo, and
   seconds on nodes of GPUs joined by NVLink and NICs (:class:`Topology`, :func:`collective_seconds`).
 
@@ -30,7 +30,7 @@ from guide.comm.cost import (
     step_seconds,
 )
 from guide.comm.log import CollectiveLog, count_ddp_allreduce, wire_bytes_written
-from guide.comm.model import (
+from guide.comm.expected import (
     KINDS,
     Collective,
     FSDPGroup,

@@ -3,7 +3,7 @@ cluster of nodes. Everything here is an **estimate** from link rates, never a me
 
 Two questions, two answers:
 
-* **Bytes one rank sends** for a :class:`~guide.comm.model.Collective`: :func:`ring_bytes` is the
+* **Bytes one rank sends** for a :class:`~guide.comm.expected.Collective`: :func:`ring_bytes` is the
   standard ring algorithm (``(N-1)/N`` of the buffer for an all-gather or reduce-scatter, twice that
   for an all-reduce), which nccl's collectives approach; :func:`gloo_bytes` is what gloo sends, which
   runs a reduce-scatter as a full all-reduce. The communication example measures the latter.
@@ -49,7 +49,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 
-from guide.comm.model import Collective
+from guide.comm.expected import Collective
 from guide.constants import value
 from guide.validate import positive_int
 

@@ -3,10 +3,10 @@
 :class:`CollectiveLog` is a context manager a worker wraps around one or more training steps. While
 it is active it wraps the Python collectives of :mod:`torch.distributed` (``all_gather_single``,
 ``reduce_scatter_single``, ``all_reduce``, ``broadcast``, ...) and records one
-:class:`~guide.comm.model.Collective` per call: kind, dtype, element count, bytes, and the phase of
-the step it ran in. It also reads the bytes this process actually wrote to its sockets (``wchar`` in
-``/proc/self/io``), which is what the backend put on the wire. The counterpart, what a step *should*
-send, is :mod:`guide.comm.model`; :func:`guide.checks.check_volume` and
+:class:`~guide.comm.expected.Collective` per call: kind, dtype, element count, bytes, and the phase
+of the step it ran in. It also reads the bytes this process actually wrote to its sockets (``wchar``
+in ``/proc/self/io``), which is what the backend put on the wire. The counterpart, what a step
+*should* send, is :mod:`guide.comm.expected`; :func:`guide.checks.check_volume` and
 :func:`guide.checks.check_wire` compare the two.
 
 What :class:`CollectiveLog` sees and misses
@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from guide.comm.model import KINDS, Collective, collective, summarize
+from guide.comm.expected import KINDS, Collective, collective, summarize
 
 __all__ = ["CollectiveLog", "count_ddp_allreduce", "wire_bytes_written"]
 
@@ -260,7 +260,7 @@ class CollectiveLog:
 
     def summary(self) -> dict[tuple[str, str], dict[str, float]]:
         """``{(kind, dtype): {"calls", "numel", "bytes"}}`` over every record
-        (:func:`guide.comm.model.summarize`)."""
+        (:func:`guide.comm.expected.summarize`)."""
         return summarize(self.records)
 
 

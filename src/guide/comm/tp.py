@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
-from guide.comm.model import Collective, collective, fsdp2_step, fsdp2_unit_groups
+from guide.comm.expected import Collective, collective, fsdp2_step, fsdp2_unit_groups
 from guide.memory.activations import KORTHIKANTI_SBH
 from guide.memory.architectures import Architecture
 from guide.sharding import fsdp2_units

@@ -107,7 +107,8 @@ def teardown() -> None:
 
 
 def to_cpu(obj: Any) -> Any:
-    """Results travel to the parent: tensors (and DTensors) become plain CPU tensors."""
+    """Results travel to the parent: tensors (and DTensors) become plain CPU tensors, inside dicts,
+    lists, tuples and dataclasses (a worker's result record) alike."""
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -117,6 +118,9 @@ def to_cpu(obj: Any) -> Any:
         return obj.detach().cpu()
     if isinstance(obj, dict):
         return {k: to_cpu(v) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # a worker's result record
+        return dataclasses.replace(obj, **{f.name: to_cpu(getattr(obj, f.name))
+                                           for f in dataclasses.fields(obj) if f.init})
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
         return type(obj)(to_cpu(v) for v in obj)
     return obj

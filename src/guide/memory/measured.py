@@ -4,7 +4,7 @@
 rank, after ``optimizer.step()`` and before the next ``zero_grad()``. It counts **storages**, not
 tensor sizes, each storage once:
 
-* a ``DTensor`` (FSDP2) is read through its local shard (:func:`guide.dtensor.local_tensor`), whose
+* a ``DTensor`` (FSDP2) is read through its local shard (:func:`guide.layout.local_tensor`), whose
   storage is FSDP2's *padded* shard (``ceil(dim0/N)`` rows), not the unpadded ``to_local()`` view;
 * FSDP2's gradients of one ``fully_shard`` unit are views into one reduce-scatter output buffer:
   one storage, counted once;
@@ -31,7 +31,7 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from guide.dtensor import local_tensor
+from guide.layout import local_tensor
 from guide.memory.state import StateBytes
 
 __all__ = ["measure", "param_shapes", "reducer_bucket_bytes", "storage_bytes"]

@@ -46,7 +46,7 @@ import math
 from collections.abc import Sequence
 
 from guide.constants import CONSTANTS
-from guide.dtensor import chunk_sizes
+from guide.layout import chunk_sizes
 from guide.memory.activations import activation_bytes
 from guide.memory.architectures import Architecture, Shape
 from guide.memory.state import StateBytes

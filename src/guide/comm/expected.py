@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from guide.dtensor import chunk_sizes, dtype_name
+from guide.layout import chunk_sizes, dtype_name
 from guide.sharding import fsdp2_units
 from guide.validate import positive_int
 
@@ -107,7 +107,7 @@ def _shape_list(shapes: Iterable[Any], what: str) -> list[torch.Size]:
 
 def fsdp2_padded_numel(shape: Sequence[int] | torch.Size, world_size: int) -> int:
     """Elements one parameter contributes to FSDP2's all-gather/reduce-scatter buffer: dim 0 is
-    chunked over ``world_size`` ranks with ``torch.chunk`` rules (:func:`guide.dtensor.chunk_sizes`:
+    chunked over ``world_size`` ranks with ``torch.chunk`` rules (:func:`guide.layout.chunk_sizes`:
     ceil-sized chunks) and every shard is padded to the largest, so the buffer holds
     ``ceil(dim0 / N) * N`` rows."""
     positive_int("world_size", world_size, "the number of ranks")
