@@ -326,11 +326,12 @@
  background:var(--pst-color-background,transparent);color:var(--mw-fg);max-width:100%;
  box-sizing:border-box;overflow:hidden}
 .memory-widget *{box-sizing:border-box}
-.memory-widget form{display:grid;grid-template-columns:repeat(auto-fill,minmax(10.5rem,1fr));
+.memory-widget form{display:grid;grid-template-columns:repeat(auto-fill,minmax(9.5rem,1fr));
  gap:.5rem .8rem;margin:0}
-.memory-widget label{display:flex;flex-direction:column;font-size:.85rem;color:var(--mw-muted);
- gap:.15rem;min-width:0}
-.memory-widget label.mw-check{flex-direction:row;align-items:center;gap:.4rem}
+.memory-widget .mw-field{display:flex;flex-direction:column;gap:.15rem;min-width:0}
+.memory-widget label{font-size:.85rem;color:var(--mw-muted)}
+.memory-widget .mw-field[hidden],.memory-widget fieldset[hidden]{display:none}
+.memory-widget label.mw-check{display:flex;align-items:center;gap:.4rem}
 .memory-widget input,.memory-widget select{font:inherit;font-size:.95rem;padding:.3rem .4rem;
  color:var(--mw-fg);background:var(--mw-bg);border:1px solid var(--mw-border);
  border-radius:.25rem;width:100%;min-width:0}
@@ -349,6 +350,8 @@
 .memory-widget th,.memory-widget td{border-bottom:1px solid var(--mw-border);padding:.2rem .4rem;
  text-align:right;white-space:nowrap}
 .memory-widget th:first-child,.memory-widget td:first-child{text-align:left}
+.memory-widget caption{color:var(--mw-fg);text-align:left;font-weight:600}
+.memory-widget a{color:var(--pst-color-link,#0969da)}
 .memory-widget .mw-yes{color:var(--mw-ok);font-weight:600}
 .memory-widget .mw-no{color:var(--mw-bad);font-weight:600}
 .memory-widget svg{display:block;width:100%;height:auto;margin:.4rem 0}
@@ -414,7 +417,8 @@
     if (kind === "select") {
       for (const [v, t] of options(key)) input.append(el("option", { value: v, text: t }));
     }
-    return el("label", { for: id, "data-field": key }, [label, input]);
+    return el("div", { class: "mw-field", "data-field": key }, [el("label", { for: id,
+      text: label }), input]);
   }
 
   /** Build one widget inside `root` (data-widget="full" or "compact"). */
@@ -496,10 +500,16 @@
       }
       errors.replaceChildren();
       const rep = M.fitReport(parsed.cfg);
-      out.replaceChildren(...render(rep, parsed.cfg, compact, url));
+      out.replaceChildren(...render(rep, parsed.cfg, compact, url, out.clientWidth));
     };
     set(fromHash());
     if (inputs.preset.value === "") inputs.preset.value = DEFAULTS.preset;
+    inputs.preset.addEventListener("change", () => {  // a custom shape starts from the preset
+      const a = DATA.presets[inputs.preset.value];
+      if (!a) return;
+      for (const [k] of ARCH) if (inputs[k]) inputs[k].value = a[k] === null ? "" : String(a[k]);
+      if (inputs.tied) inputs.tied.checked = a.tied_embeddings;
+    });
     form.addEventListener("input", () => update(true));
     form.addEventListener("change", () => update(true));
     form.addEventListener("submit", (e) => { e.preventDefault(); update(true); });
@@ -511,7 +521,7 @@
     update(false);
   }
 
-  function render(rep, cfg, compact, url) {
+  function render(rep, cfg, compact, url, width) {
     const gpuName = cfg.gpu || `${cfg.gib} GiB GPU`;
     const fits = rep.rows.filter((r) => r.fits);
     const n = cfg.world_size;
@@ -550,7 +560,7 @@
     }
     table.append(body);
     const nodes = [summary, el("div", { class: "mw-scroll" }, [table])];
-    if (!compact) nodes.push(...chart(rep));
+    if (!compact) nodes.push(...chart(rep, width));
     const share = el("a", { href: url, class: "mw-share" });
     share.textContent = compact ? "Open in the full calculator →" : "Link to this result";
     nodes.push(el("p", {}, [share]));
@@ -558,10 +568,11 @@
   }
 
   /** A stacked horizontal bar per strategy, with the GPU's memory as a dashed line. */
-  function chart(rep) {
+  function chart(rep, width) {
     const rows = rep.rows.filter((r) => r.total !== null);
     const max = rows.reduce((m, r) => (r.total > m ? r.total : m), rep.capacity);
-    const W = 640, left = 96, right = 8, barH = 22, gap = 8, top = 6;
+    const W = Math.max(300, Math.min(720, width || 640)), left = 64, right = 8;
+    const barH = 20, gap = 8, top = 6;
     const H = top + rows.length * (barH + gap) + 18;
     const NS = "http://www.w3.org/2000/svg";
     const svg = document.createElementNS(NS, "svg");
