@@ -1,4 +1,5 @@
-"""The browser calculator (docs/_static/memory_widget.js) is the Python memory model, number for number.
+"""The browser calculator (docs/_static/memory_widget.js) is the Python memory model, number for
+number.
 
 One truth: the widget's JavaScript port of :mod:`guide.memory.fit` runs in headless Chromium (the
 distribution's, via Playwright, as in ``tests/test_site.py``) on :data:`CHECKED_CONFIGS`
@@ -49,7 +50,8 @@ HARNESS = """<!doctype html><html lang="en" data-theme="{theme}"><head><meta cha
 <style>html[data-theme=dark]{{--pst-color-text-base:#cecece;--pst-color-background:#14181e;
 --pst-color-surface:#29313d;--pst-color-border:#48566b}} body{{margin:8px;font-family:sans-serif;
 background:var(--pst-color-background,#fff)}}</style></head>
-<body><div class="memory-widget" data-widget="{mode}"></div><script src="{js}"></script></body></html>
+<body><div class="memory-widget" data-widget="{mode}"></div>
+<script src="{js}"></script></body></html>
 """
 
 
@@ -68,7 +70,8 @@ def configurations(count: int = CHECKED_CONFIGS, seed: int = 2026) -> list[dict]
         return {**cfg, "seq_len": rng.randint(1, top), "micro_batch": rng.randint(1, 8),
                 "world_sizes": [n], "shard_group": rng.choice([1, 2, 4, 6, 8, 8, 16]),
                 "strategies": ["ddp", "zero1", "fsdp2_no_reshard", "fsdp2", "hsdp"],
-                **({"gpu": gpu} if gpu else {"gib": str(round(rng.uniform(4, 200), rng.randint(0, 3)))})}
+                **({"gpu": gpu} if gpu else
+                   {"gib": str(round(rng.uniform(4, 200), rng.randint(0, 3)))})}
 
     out = []
     for preset, arch in PRESETS.items():
@@ -163,7 +166,7 @@ def compare(cfgs: list[dict], js: list[dict], py: list[dict]) -> tuple[str | Non
     return first, compared, largest
 
 
-# -- the browser ------------------------------------------------------------------------------------
+# -- the browser ---------------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def widget_page(tmp_path: Path, mode: str = "full", theme: str = "light",
@@ -276,7 +279,8 @@ def test_browser_widget_driven_like_a_user(tmp_path):
                 f"{small:,}" if small else "none ≤ 4,096")
         assert page.locator(".memory-widget svg rect").count() >= 10  # the bar chart
         url = page.evaluate("location.href")
-        assert "world_size=64" in url and "preset=llama-3-70b" in url and "checkpointing=full" in url
+        assert "world_size=64" in url and "preset=llama-3-70b" in url
+        assert "checkpointing=full" in url
         shown = page.locator(".memory-widget table").inner_text()
         page.goto("about:blank")
         page.goto(url)
@@ -311,7 +315,8 @@ def test_browser_widget_driven_like_a_user(tmp_path):
     ("Attention heads", "30", "Attention heads (30) must divide the hidden size (4096)"),
     ("KV heads (blank: = heads)", "5", "KV heads (5) must divide the attention heads (32)."),
     ("Hidden size", "-1", "Hidden size must be at least 1, got -1."),
-    ("GPU memory (GiB)", "-80", 'GPU memory must be a positive number of GiB, such as 80; got "-80"'),
+    ("GPU memory (GiB)", "-80",
+     'GPU memory must be a positive number of GiB, such as 80; got "-80"'),
 ])
 def test_browser_bad_input_gets_a_clear_message(tmp_path, field, value, message):
     with widget_page(tmp_path) as (page, errors, _):
@@ -339,7 +344,8 @@ def test_browser_widget_fits_a_phone_in_both_themes_and_the_compact_form(tmp_pat
             with widget_page(tmp_path / f"{theme}-{mode}", mode=mode, theme=theme,
                              viewport=PHONE) as (page, errors, _):
                 wide = page.evaluate("""() => ({doc: document.documentElement.scrollWidth,
-                    widget: document.querySelector('.memory-widget').getBoundingClientRect().right})""")
+                    widget: document.querySelector('.memory-widget')
+                                    .getBoundingClientRect().right})""")
                 assert wide["doc"] <= PHONE["width"] and wide["widget"] <= PHONE["width"], wide
                 colours[theme] = page.evaluate("getComputedStyle(document.querySelector("
                                                "'.memory-widget')).color")

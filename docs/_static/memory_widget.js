@@ -13,7 +13,226 @@
   "use strict";
 
   // DATA-BEGIN (written by `python -m guide.memory.widget`; do not edit by hand)
-  const DATA = {"checked_configs": 320, "checkpointing": ["none", "full"], "ddp_buckets": true, "default_shard_group": 8, "gpus": {"H100 (80 GB)": 85520809984, "H200 (141 GB)": 150754820096}, "korthikanti": {"bytes": 2, "sbh": 34, "scores": 5}, "labels": {"ddp": "DDP", "fsdp2": "FSDP2", "fsdp2_no_reshard": "ZeRO-2 (FSDP2, no reshard)", "hsdp": "HSDP", "zero1": "ZeRO-1"}, "optimizers": {"adamw": {"label": "AdamW", "moments": 2, "step_bytes": 4}, "sgd": {"label": "SGD", "moments": 0, "step_bytes": 0}, "sgd_momentum": {"label": "SGD + momentum", "moments": 1, "step_bytes": 0}}, "precisions": {"bf16": {"compute": 2, "grad": 2, "label": "pure bf16", "master": 0, "moment": 2, "param": 2}, "bf16_mixed": {"compute": 2, "grad": 4, "label": "bf16 compute, fp32 master", "master": 0, "moment": 4, "param": 4}, "fp32": {"compute": 4, "grad": 4, "label": "fp32", "master": 0, "moment": 4, "param": 4}, "zero_mixed": {"compute": 2, "grad": 2, "label": "ZeRO's mixed precision", "master": 4, "moment": 4, "param": 2}}, "presets": {"gpt2-xl": {"bias": true, "gated_mlp": false, "heads": 25, "hidden": 1600, "kv_heads": null, "layernorm": true, "layers": 48, "learned_positions": true, "max_seq_len": 1024, "mlp": 6400, "tied_embeddings": true, "vocab": 50257}, "llama-2-7b": {"bias": false, "gated_mlp": true, "heads": 32, "hidden": 4096, "kv_heads": null, "layernorm": false, "layers": 32, "learned_positions": false, "max_seq_len": 4096, "mlp": 11008, "tied_embeddings": false, "vocab": 32000}, "llama-3-70b": {"bias": false, "gated_mlp": true, "heads": 64, "hidden": 8192, "kv_heads": 8, "layernorm": false, "layers": 80, "learned_positions": false, "max_seq_len": 8192, "mlp": 28672, "tied_embeddings": false, "vocab": 128256}, "llama-3-8b": {"bias": false, "gated_mlp": true, "heads": 32, "hidden": 4096, "kv_heads": 8, "layernorm": false, "layers": 32, "learned_positions": false, "max_seq_len": 8192, "mlp": 14336, "tied_embeddings": false, "vocab": 128256}, "llama-3.1-405b": {"bias": false, "gated_mlp": true, "heads": 128, "hidden": 16384, "kv_heads": 8, "layernorm": false, "layers": 126, "learned_positions": false, "max_seq_len": 131072, "mlp": 53248, "tied_embeddings": false, "vocab": 128256}, "llama-3.2-1b": {"bias": false, "gated_mlp": true, "heads": 32, "hidden": 2048, "kv_heads": 8, "layernorm": false, "layers": 16, "learned_positions": false, "max_seq_len": 131072, "mlp": 8192, "tied_embeddings": true, "vocab": 128256}, "llama-3.2-3b": {"bias": false, "gated_mlp": true, "heads": 24, "hidden": 3072, "kv_heads": 8, "layernorm": false, "layers": 28, "learned_positions": false, "max_seq_len": 131072, "mlp": 8192, "tied_embeddings": true, "vocab": 128256}, "mistral-7b": {"bias": false, "gated_mlp": true, "heads": 32, "hidden": 4096, "kv_heads": 8, "layernorm": false, "layers": 32, "learned_positions": false, "max_seq_len": 32768, "mlp": 14336, "tied_embeddings": false, "vocab": 32000}}, "short": {"ddp": "DDP", "fsdp2": "FSDP2", "fsdp2_no_reshard": "ZeRO-2", "hsdp": "HSDP", "zero1": "ZeRO-1"}, "source_hash": "629caa9dbebc", "strategies": ["ddp", "zero1", "fsdp2_no_reshard", "fsdp2", "hsdp"], "world_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]};
+  const DATA = {
+   "checked_configs": 320,
+   "checkpointing": [
+    "none",
+    "full"
+   ],
+   "ddp_buckets": true,
+   "default_shard_group": 8,
+   "gpus": {
+    "H100 (80 GB)": 85520809984,
+    "H200 (141 GB)": 150754820096
+   },
+   "korthikanti": {
+    "bytes": 2,
+    "sbh": 34,
+    "scores": 5
+   },
+   "labels": {
+    "ddp": "DDP",
+    "fsdp2": "FSDP2",
+    "fsdp2_no_reshard": "ZeRO-2 (FSDP2, no reshard)",
+    "hsdp": "HSDP",
+    "zero1": "ZeRO-1"
+   },
+   "optimizers": {
+    "adamw": {
+     "label": "AdamW",
+     "moments": 2,
+     "step_bytes": 4
+    },
+    "sgd": {
+     "label": "SGD",
+     "moments": 0,
+     "step_bytes": 0
+    },
+    "sgd_momentum": {
+     "label": "SGD + momentum",
+     "moments": 1,
+     "step_bytes": 0
+    }
+   },
+   "precisions": {
+    "bf16": {
+     "compute": 2,
+     "grad": 2,
+     "label": "pure bf16",
+     "master": 0,
+     "moment": 2,
+     "param": 2
+    },
+    "bf16_mixed": {
+     "compute": 2,
+     "grad": 4,
+     "label": "bf16 compute, fp32 master",
+     "master": 0,
+     "moment": 4,
+     "param": 4
+    },
+    "fp32": {
+     "compute": 4,
+     "grad": 4,
+     "label": "fp32",
+     "master": 0,
+     "moment": 4,
+     "param": 4
+    },
+    "zero_mixed": {
+     "compute": 2,
+     "grad": 2,
+     "label": "ZeRO's mixed precision",
+     "master": 4,
+     "moment": 4,
+     "param": 2
+    }
+   },
+   "presets": {
+    "gpt2-xl": {
+     "bias": true,
+     "gated_mlp": false,
+     "heads": 25,
+     "hidden": 1600,
+     "kv_heads": null,
+     "layernorm": true,
+     "layers": 48,
+     "learned_positions": true,
+     "max_seq_len": 1024,
+     "mlp": 6400,
+     "tied_embeddings": true,
+     "vocab": 50257
+    },
+    "llama-2-7b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 32,
+     "hidden": 4096,
+     "kv_heads": null,
+     "layernorm": false,
+     "layers": 32,
+     "learned_positions": false,
+     "max_seq_len": 4096,
+     "mlp": 11008,
+     "tied_embeddings": false,
+     "vocab": 32000
+    },
+    "llama-3-70b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 64,
+     "hidden": 8192,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 80,
+     "learned_positions": false,
+     "max_seq_len": 8192,
+     "mlp": 28672,
+     "tied_embeddings": false,
+     "vocab": 128256
+    },
+    "llama-3-8b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 32,
+     "hidden": 4096,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 32,
+     "learned_positions": false,
+     "max_seq_len": 8192,
+     "mlp": 14336,
+     "tied_embeddings": false,
+     "vocab": 128256
+    },
+    "llama-3.1-405b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 128,
+     "hidden": 16384,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 126,
+     "learned_positions": false,
+     "max_seq_len": 131072,
+     "mlp": 53248,
+     "tied_embeddings": false,
+     "vocab": 128256
+    },
+    "llama-3.2-1b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 32,
+     "hidden": 2048,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 16,
+     "learned_positions": false,
+     "max_seq_len": 131072,
+     "mlp": 8192,
+     "tied_embeddings": true,
+     "vocab": 128256
+    },
+    "llama-3.2-3b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 24,
+     "hidden": 3072,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 28,
+     "learned_positions": false,
+     "max_seq_len": 131072,
+     "mlp": 8192,
+     "tied_embeddings": true,
+     "vocab": 128256
+    },
+    "mistral-7b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 32,
+     "hidden": 4096,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 32,
+     "learned_positions": false,
+     "max_seq_len": 32768,
+     "mlp": 14336,
+     "tied_embeddings": false,
+     "vocab": 32000
+    }
+   },
+   "short": {
+    "ddp": "DDP",
+    "fsdp2": "FSDP2",
+    "fsdp2_no_reshard": "ZeRO-2",
+    "hsdp": "HSDP",
+    "zero1": "ZeRO-1"
+   },
+   "source_hash": "629caa9dbebc",
+   "strategies": [
+    "ddp",
+    "zero1",
+    "fsdp2_no_reshard",
+    "fsdp2",
+    "hsdp"
+   ],
+   "world_sizes": [
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+    64,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096
+   ]
+  };
   // DATA-END
 
   const B = (x) => BigInt(x);
@@ -88,8 +307,8 @@
     }
     if (strategy === "zero1") {
       return M.zero1Partition(shapes, n).map((idx) => state(total * B(pr.param),
-        total * B(pr.grad), idx.reduce((a, i) => a + numels[i], 0n) * perElem + B(idx.length) * step,
-        buckets));
+        total * B(pr.grad),
+        idx.reduce((a, i) => a + numels[i], 0n) * perElem + B(idx.length) * step, buckets));
     }
     if (strategy === "zero2") {
       return M.chunkSizes(total, n).map((mine) => state(total * B(pr.param), mine * B(pr.grad),
@@ -225,7 +444,9 @@
     const v = Number(t);
     if (v <= 0) return { error: `${what} must be at least 1, got ${t}.` };
     if (!Number.isInteger(v)) return { error: `${what} must be a whole number, got ${t}.` };
-    if (v > LIMIT) return { error: `${what} is too large (at most ${LIMIT.toLocaleString("en-US")}).` };
+    if (v > LIMIT) {
+      return { error: `${what} is too large (at most ${LIMIT.toLocaleString("en-US")}).` };
+    }
     return { value: v };
   }
 
@@ -336,8 +557,9 @@
  color:var(--mw-fg);background:var(--mw-bg);border:1px solid var(--mw-border);
  border-radius:.25rem;width:100%;min-width:0}
 .memory-widget input[type=checkbox]{width:auto}
-.memory-widget input:focus-visible,.memory-widget select:focus-visible,.memory-widget a:focus-visible,
-.memory-widget button:focus-visible{outline:3px solid var(--pst-color-accent,#0969da);outline-offset:1px}
+.memory-widget input:focus-visible,.memory-widget select:focus-visible,
+.memory-widget a:focus-visible{outline:3px solid var(--pst-color-accent,#0969da);
+ outline-offset:1px}
 .memory-widget fieldset{grid-column:1/-1;border:1px dashed var(--mw-border);border-radius:.3rem;
  display:grid;grid-template-columns:repeat(auto-fill,minmax(8rem,1fr));gap:.5rem .8rem;margin:0;
  padding:.4rem .6rem}
@@ -358,7 +580,8 @@
 .memory-widget svg text{fill:var(--mw-fg);font-size:12px}
 .memory-widget .mw-foot{font-size:.8rem;color:var(--mw-muted);margin:.4rem 0 0}
 .memory-widget .mw-foot a{word-break:break-all}
-.memory-widget .mw-legend{display:flex;flex-wrap:wrap;gap:.3rem .8rem;font-size:.8rem;margin:.2rem 0}
+.memory-widget .mw-legend{display:flex;flex-wrap:wrap;gap:.3rem .8rem;font-size:.8rem;
+ margin:.2rem 0}
 .memory-widget .mw-legend span::before{content:"";display:inline-block;width:.8em;height:.8em;
  margin-right:.3em;vertical-align:-.1em;background:var(--sw)}
 `;
@@ -412,8 +635,8 @@
 
   function field(id, key, label, kind) {
     const input = kind === "select" ? el("select", { id, name: key })
-      : el("input", { id, name: key, type: "text", inputmode: kind === "num" ? "decimal" : "numeric",
-        autocomplete: "off" });
+      : el("input", { id, name: key, type: "text",
+        inputmode: kind === "num" ? "decimal" : "numeric", autocomplete: "off" });
     if (kind === "select") {
       for (const [v, t] of options(key)) input.append(el("option", { value: v, text: t }));
     }
@@ -454,7 +677,9 @@
 
     const raw = () => {
       const r = { ...DEFAULTS };
-      for (const [k, i] of Object.entries(inputs)) r[k] = i.type === "checkbox" ? i.checked : i.value;
+      for (const [k, i] of Object.entries(inputs)) {
+        r[k] = i.type === "checkbox" ? i.checked : i.value;
+      }
       return r;
     };
     const fromHash = () => {
@@ -536,7 +761,8 @@
         "smallest N"];
     const table = el("table", {}, [el("caption", { text:
       `Predicted bytes per GPU at N = ${n.toLocaleString("en-US")}` })]);
-    table.append(el("thead", {}, [el("tr", {}, head.map((h) => el("th", { scope: "col", text: h })))]));
+    table.append(el("thead", {}, [el("tr", {},
+      head.map((h) => el("th", { scope: "col", text: h })))]));
     const body = el("tbody");
     for (const r of rep.rows) {
       const small = rep.smallest_world_size[r.strategy];
@@ -548,7 +774,9 @@
         const msg = `N = ${n} is not a multiple of the shard group (${cfg.shard_group})`;
         tr.append(el("td", { colspan: String(head.length - 2), text: msg }));
       } else {
-        if (!compact) for (const p of PARTS) tr.append(el("td", { "data-part": p, text: formatBytes(r[p]) }));
+        if (!compact) {
+          for (const p of PARTS) tr.append(el("td", { "data-part": p, text: formatBytes(r[p]) }));
+        }
         tr.append(el("td", { "data-part": "total", text: formatBytes(r.total) }));
         tr.append(el("td", { class: r.fits ? "mw-yes" : "mw-no", "data-part": "fits",
           text: r.fits ? "yes" : "no" }));

@@ -1,4 +1,5 @@
-"""The browser calculator's stamp: which Python memory model its JavaScript port was checked against.
+"""The browser calculator's stamp: which Python memory model its JavaScript port was checked
+against.
 
 ``docs/_static/memory_widget.js`` is a hand port of :mod:`guide.memory.fit` (and of what it calls).
 Its ``DATA`` block is written here: the presets, precisions, optimizers, GPUs and constants the port
@@ -97,7 +98,11 @@ def data() -> dict:
 
 def _block(values: dict) -> str:
     return f"{_BEGIN} (written by `python -m guide.memory.widget`; do not edit by hand)\n" \
-           f"  const DATA = {json.dumps(values, sort_keys=True)};\n  {_END}"
+           f"  const DATA = {_indent(json.dumps(values, sort_keys=True, indent=1))};\n  {_END}"
+
+
+def _indent(text: str) -> str:
+    return text.replace("\n", "\n  ")
 
 
 def render(js: str) -> str:
