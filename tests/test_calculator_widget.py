@@ -82,6 +82,13 @@ def configurations(count: int = CHECKED_CONFIGS, seed: int = 2026) -> list[dict]
                                        "optimizer": optimizer, "checkpointing": ckpt},
                                       arch.max_seq_len))
     while len(out) < count:
+        if len(out) % 8 == 0:  # a parameter count alone (no shapes, no activations)
+            params = rng.choice([rng.randint(1, 10**13), 2**rng.randint(0, 50)])
+            out.append(common({"params": params,
+                               "precision": rng.choice(list(PRECISIONS)),
+                               "optimizer": rng.choice(list(OPTIMIZERS)),
+                               "checkpointing": "none"}, None))
+            continue
         heads = rng.choice([1, 2, 3, 4, 8, 12, 16, 25, 32, 40, 64])
         kv = rng.choice([None, *[d for d in range(1, heads + 1) if heads % d == 0]])
         out.append(common({"hidden": heads * rng.choice([8, 16, 24, 64, 80, 128]),
@@ -98,14 +105,16 @@ def configurations(count: int = CHECKED_CONFIGS, seed: int = 2026) -> list[dict]
 def python_report(cfg: dict) -> dict:
     """``guide-memory --json`` for ``cfg``: the command's own output, parsed."""
     argv = (["--preset", cfg["preset"]] if "preset" in cfg else
+            ["--params", str(cfg["params"])] if "params" in cfg else
             ["--hidden", str(cfg["hidden"]), "--vocab", str(cfg["vocab"]), "--layers",
              str(cfg["layers"]), "--heads", str(cfg["heads"]), "--mlp", str(cfg["mlp"]),
              *(["--kv-heads", str(cfg["kv_heads"])] if cfg["kv_heads"] else []),
              *(["--tied"] if cfg["tied"] else [])])
     argv += ["--precision", cfg["precision"], "--optimizer", cfg["optimizer"],
              "--strategy", *cfg["strategies"], "-N", *map(str, cfg["world_sizes"]),
-             "--seq-len", str(cfg["seq_len"]), "--micro-batch", str(cfg["micro_batch"]),
-             "--activation-checkpointing", cfg["checkpointing"],
+             *([] if "params" in cfg else
+               ["--seq-len", str(cfg["seq_len"]), "--micro-batch", str(cfg["micro_batch"]),
+                "--activation-checkpointing", cfg["checkpointing"]]),
              "--shard-group", str(cfg["shard_group"]),
              *(["--gpu", cfg["gpu"]] if "gpu" in cfg else ["--gpu-memory", cfg["gib"]]), "--json"]
     out = io.StringIO()
@@ -115,10 +124,14 @@ def python_report(cfg: dict) -> dict:
 
 
 @functools.cache
-def _reports() -> tuple[list[dict], list[dict]]:
-    """The configurations and guide-memory's report of each, computed once per session."""
-    cfgs = configurations()
-    return cfgs, [python_report(c) for c in cfgs]
+def _python(i: int) -> dict:
+    """guide-memory's report of configuration ``i``, computed once per session."""
+    return python_report(configurations()[i])
+
+
+def _reports(count: int = CHECKED_CONFIGS) -> tuple[list[dict], list[dict]]:
+    """The first ``count`` configurations and guide-memory's report of each."""
+    return configurations()[:count], [_python(i) for i in range(count)]
 
 
 _JS_REPORTS = """cfgs => cfgs.map(c => {
@@ -202,10 +215,12 @@ def _js_reports(page, cfgs: list[dict]) -> list[dict]:
     return page.evaluate(_JS_REPORTS, cfgs)
 
 
+@pytest.mark.timeout(1200)  # 320 reports of guide-memory: about 100 s on 2 loaded cores
 def test_browser_widget_equals_the_python_model_to_the_byte(tmp_path):
     cfgs, py = _reports()
     assert len(cfgs) >= 300
     presets = {c.get("preset") for c in cfgs}
+    assert sum("params" in c for c in cfgs) >= 10  # parameter counts alone, too
     assert set(PRESETS) <= presets and {c["precision"] for c in cfgs} == set(PRECISIONS)
     assert {c["optimizer"] for c in cfgs} == set(OPTIMIZERS)
     assert {c["checkpointing"] for c in cfgs} == set(CHECKPOINTING)
@@ -239,8 +254,9 @@ def test_browser_widget_equals_the_python_model_to_the_byte(tmp_path):
      "for (let q = 1; q < n; q++) if (held[q] < held[r]) r = q; own[r].push(i); "
      "held[r] += z[i]; }); return own; }", "zero1"),
 ])
+@pytest.mark.timeout(600)
 def test_browser_guard_names_the_configuration_when_a_formula_changes(tmp_path, patch, names):
-    cfgs, py = (part[:60] for part in _reports())
+    cfgs, py = _reports(60)
     with widget_page(tmp_path) as (page, errors, _):
         assert compare(cfgs, _js_reports(page, cfgs), py)[0] is None
         page.evaluate(f"() => {{ const M = MemoryWidget.model; {patch} }}")

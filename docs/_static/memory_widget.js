@@ -364,16 +364,33 @@
   /** GPUs one HSDP shard group spans; null where the 2-D mesh cannot be built. */
   M.hsdpShardSize = (n, g) => (n > g && n % g ? null : Math.min(n, g));
 
-  /** The fullest GPU's bytes of one layout on n GPUs (guide.memory.fit.per_gpu). */
+  /** Per-GPU bytes from a parameter count alone (guide.memory.state_bytes_for_count): ideal
+   * 1/N shares, no padding, no per-tensor step. */
+  M.stateBytesForCount = function (count, strategy, n, precision, optimizer, ddpBuckets) {
+    const pr = DATA.precisions[precision], opt = DATA.optimizers[optimizer];
+    const share = M.ceilDiv(count, B(n));
+    const fsdp2 = strategy === "fsdp2" || strategy === "fsdp2_no_reshard";
+    const p = fsdp2 ? share : count;
+    const g = strategy === "zero2" || fsdp2 ? share : count;
+    const o = strategy === "ddp" ? count : share;
+    return state(p * B(pr.param), g * B(pr.grad), o * B(pr.master + opt.moments * pr.moment),
+      M.bucketBytes(strategy, count, pr, ddpBuckets));
+  };
+
+  /** The fullest GPU's bytes of one layout on n GPUs (guide.memory.fit.per_gpu); `shapes` is a
+   * list of shapes, or a BigInt parameter count. */
   M.perGpu = function (shapes, strategy, n, precision, optimizer, activations, shardGroup) {
     const group = strategy === "hsdp" ? M.hsdpShardSize(n, shardGroup)
       : strategy === "ddp" || strategy === "zero1" ? 1 : n;
     if (group === null) return null;
     const priced = strategy === "hsdp" ? "fsdp2" : strategy;
-    const sb = M.perRankStateBytes(shapes, priced, strategy === "hsdp" ? group : n, precision,
-      optimizer, DATA.ddp_buckets);
-    const unsharded = strategy === "fsdp2_no_reshard" ? M.unshardedParamBytes(shapes, n, precision)
-      : 0n;
+    const width = strategy === "hsdp" ? group : n, count = typeof shapes === "bigint";
+    const sb = count
+      ? M.stateBytesForCount(shapes, priced, width, precision, optimizer, DATA.ddp_buckets)
+      : M.perRankStateBytes(shapes, priced, width, precision, optimizer, DATA.ddp_buckets);
+    const unsharded = strategy !== "fsdp2_no_reshard" ? 0n
+      : count ? shapes * B(DATA.precisions[precision].compute)
+        : M.unshardedParamBytes(shapes, n, precision);
     const split = { strategy, N: n, shard_group: group, params: sb.params, unsharded,
       grads: sb.grads, optimizer: sb.optimizer, buckets: sb.buckets, activations };
     split.total = PARTS.reduce((a, p) => a + split[p], 0n);
@@ -405,8 +422,11 @@
 
   /** Everything the calculator shows for one configuration (guide.memory.fit.fit_report). */
   M.fitReport = function (cfg) {
-    const arch = M.architecture(cfg), shapes = M.paramShapes(arch);
-    const activations = M.activationBytes(arch, cfg.seq_len, cfg.micro_batch, cfg.checkpointing);
+    const counted = cfg.params !== undefined;  // a parameter count alone: no activations
+    const arch = counted ? null : M.architecture(cfg);
+    const shapes = counted ? B(cfg.params) : M.paramShapes(arch);
+    const activations = counted ? 0n
+      : M.activationBytes(arch, cfg.seq_len, cfg.micro_batch, cfg.checkpointing);
     const capacity = M.capacityBytes(cfg);
     const rows = [], smallest = {};
     for (const key of cfg.strategies) {
@@ -426,7 +446,8 @@
       smallest[key] = M.smallestWorldSize(shapes, key, capacity, cfg.precision, cfg.optimizer,
         activations, cfg.shard_group);
     }
-    return { parameters: shapes.reduce((a, s) => a + M.numel(s), 0n), activations, capacity,
+    return { parameters: counted ? shapes : shapes.reduce((a, s) => a + M.numel(s), 0n),
+      activations, capacity,
       shard_group: cfg.shard_group, rows, smallest_world_size: smallest };
   };
 
@@ -465,7 +486,14 @@
     if (raw.strategy !== "all" && !DATA.strategies.includes(raw.strategy)) {
       errors.push(`unknown strategy "${raw.strategy}".`);
     }
-    if (raw.preset && raw.preset !== "custom") {
+    if (raw.preset === "count") {
+      const t = String(raw.params ?? "").trim().replace(/[,_\s]/g, ""), v = Number(t);
+      if (t === "" || !Number.isFinite(v) || v < 1 || !Number.isInteger(v)) {
+        errors.push(`Parameters must be a positive whole number such as 70e9; got "${t}".`);
+      } else if (v > Number.MAX_SAFE_INTEGER) {
+        errors.push("Parameters: at most 9 quadrillion.");
+      } else cfg.params = v;
+    } else if (raw.preset && raw.preset !== "custom") {
       if (!(raw.preset in DATA.presets)) errors.push(`unknown model "${raw.preset}".`);
       else cfg.preset = raw.preset;
     } else {
@@ -482,7 +510,9 @@
         errors.push(`KV heads (${cfg.kv_heads}) must divide the attention heads (${cfg.heads}).`);
       }
     }
-    int("seq_len", "Sequence length"); int("micro_batch", "Micro-batch");
+    if (raw.preset !== "count") {
+      int("seq_len", "Sequence length"); int("micro_batch", "Micro-batch");
+    }
     int("world_size", "Number of GPUs"); int("shard_group", "HSDP shard group");
     if (cfg.world_size) cfg.world_sizes = [cfg.world_size];
     if (raw.gpu && raw.gpu !== "custom") {
@@ -509,7 +539,7 @@
     if (cfg.layers > MAX_LAYERS) {
       errors.push(`Layers: at most ${MAX_LAYERS.toLocaleString("en-US")}.`);
     }
-    if (!errors.length) {
+    if (!errors.length && cfg.params === undefined) {
       const n = M.paramShapes(M.architecture(cfg)).reduce((a, s) => a + M.numel(s), 0n);
       if (n > B(Number.MAX_SAFE_INTEGER)) {
         errors.push("This model has more than 9 quadrillion parameters: reduce a dimension.");
@@ -588,6 +618,7 @@
 
   const FIELDS = [  // [key, label, kind, compact?]
     ["preset", "Model", "select", true],
+    ["params", "Parameters (e.g. 70e9)", "num", true],
     ["precision", "Precision", "select", false],
     ["optimizer", "Optimizer", "select", false],
     ["seq_len", "Sequence length (tokens)", "int", true],
@@ -604,13 +635,14 @@
   const DEFAULTS = { preset: "llama-3-8b", precision: "bf16_mixed", optimizer: "adamw",
     seq_len: "4096", micro_batch: "1", checkpointing: "none", gpu: "H100 (80 GB)", gib: "",
     world_size: "8", strategy: "all", shard_group: String(DATA.default_shard_group || 8),
-    layers: "32", hidden: "4096", heads: "32", kv_heads: "8", vocab: "128256", mlp: "14336",
+    params: "70e9", layers: "32", hidden: "4096", heads: "32", kv_heads: "8", vocab: "128256",
+    mlp: "14336",
     tied: "" };
 
   function options(key) {
     switch (key) {
       case "preset": return [...Object.keys(DATA.presets).map((k) => [k, k]),
-        ["custom", "custom shape…"]];
+        ["custom", "custom shape…"], ["count", "parameter count only…"]];
       case "precision": return Object.entries(DATA.precisions).map(([k, p]) => [k,
         `${p.label} (${k})`]);
       case "optimizer": return Object.entries(DATA.optimizers).map(([k, o]) => [k, o.label]);
@@ -700,6 +732,7 @@
         if (r.preset !== "custom" && ARCH.some(([a]) => a === k)) continue;
         if (k === "tied" && r.preset !== "custom") continue;
         if (k === "gib" && r.gpu !== "custom") continue;
+        if (k === "params" && r.preset !== "count") continue;
         p.set(k, r[k] === true ? "1" : r[k] === false ? "" : r[k]);
       }
       return base + "#" + p.toString();
@@ -709,6 +742,12 @@
       const r = raw();
       const custom = r.preset === "custom";
       form.querySelector("[data-arch]").hidden = !custom;
+      const counted = r.preset === "count";
+      form.querySelector('[data-field="params"]').hidden = !counted;
+      for (const k of ["seq_len", "micro_batch", "checkpointing"]) {
+        const f = form.querySelector(`[data-field="${k}"]`);
+        if (f) f.hidden = counted;
+      }
       const gib = form.querySelector('[data-field="gib"]');
       if (inputs.gpu.value !== "custom") {
         gib.hidden = true;
@@ -756,6 +795,10 @@
     summary.append(el("strong", { text: fits.length ? "fits with " +
       fits.map((r) => DATA.short[r.strategy]).join(", ")
       : "fits with none of them" }), ".");
+    if (cfg.params !== undefined) {
+      summary.append(" Activations are not priced: a parameter count has no shape (choose a " +
+        "preset or a custom shape); sharded parts are ideal 1/N shares.");
+    }
     const head = compact ? ["strategy", "per GPU", "fits", "headroom", "smallest N"]
       : ["strategy", ...PARTS.map((p) => PART_LABELS[p]), "total", "fits", "headroom",
         "smallest N"];
