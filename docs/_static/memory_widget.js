@@ -565,6 +565,8 @@
 
   const COLORS = { params: "#1f77b4", unsharded: "#9467bd", grads: "#ff7f0e",
     optimizer: "#2ca02c", buckets: "#8c564b", activations: "#d62728" };
+  const PART_HEADS = { params: "params", unsharded: "unsharded", grads: "grads",
+    optimizer: "optimizer", buckets: "DDP buckets", activations: "activations" };
   const PART_LABELS = { params: "parameters", unsharded: "unsharded params (kept fwd→bwd)",
     grads: "gradients", optimizer: "optimizer state", buckets: "DDP buckets",
     activations: "activations" };
@@ -800,7 +802,7 @@
         "preset or a custom shape); sharded parts are ideal 1/N shares.");
     }
     const head = compact ? ["strategy", "per GPU", "fits", "headroom", "smallest N"]
-      : ["strategy", ...PARTS.map((p) => PART_LABELS[p]), "total", "fits", "headroom",
+      : ["strategy", ...PARTS.map((p) => PART_HEADS[p]), "total", "fits", "headroom",
         "smallest N"];
     const table = el("table", {}, [el("caption", { text:
       `Predicted bytes per GPU at N = ${n.toLocaleString("en-US")}` })]);
