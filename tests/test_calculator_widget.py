@@ -183,7 +183,7 @@ def compare(cfgs: list[dict], js: list[dict], py: list[dict]) -> tuple[str | Non
 
 @contextlib.contextmanager
 def widget_page(tmp_path: Path, mode: str = "full", theme: str = "light",
-                viewport: dict = DESKTOP, fragment: str = ""):
+                viewport: dict = DESKTOP, query: str = ""):
     """A page holding the widget, in headless Chromium; anything but file:// is blocked (the
     widget must not need the network). Yields (page, console errors, seconds to first result)."""
     if not Path(CHROMIUM).exists():
@@ -204,7 +204,7 @@ def widget_page(tmp_path: Path, mode: str = "full", theme: str = "light",
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
             started = time.monotonic()
-            page.goto(html.as_uri() + fragment, wait_until="load")
+            page.goto(html.as_uri() + query, wait_until="load")
             page.wait_for_selector(".memory-widget .mw-out table, .memory-widget .mw-errors p")
             yield page, errors, time.monotonic() - started
         finally:
@@ -272,7 +272,7 @@ def _cell(page, strategy: str, part: str) -> str:
 
 def test_browser_widget_driven_like_a_user(tmp_path):
     """Select a model and a GPU, type N and a sequence length, read the table; the URL carries
-    the inputs, and opening it again shows the same result."""
+    the inputs (in its query string), and opening it again shows the same result."""
     with widget_page(tmp_path) as (page, errors, _):
         page.get_by_label("Model").select_option("llama-3-70b")
         page.get_by_label("GPU", exact=True).select_option("H200 (141 GB)")
@@ -295,6 +295,7 @@ def test_browser_widget_driven_like_a_user(tmp_path):
                 f"{small:,}" if small else "none ≤ 4,096")
         assert page.locator(".memory-widget svg rect").count() >= 10  # the bar chart
         url = page.evaluate("location.href")
+        assert "?" in url and "#" not in url
         assert "world_size=64" in url and "preset=llama-3-70b" in url
         assert "checkpointing=full" in url
         shown = page.locator(".memory-widget table").inner_text()

@@ -716,8 +716,9 @@
       }
       return r;
     };
-    const fromHash = () => {
-      const h = location.hash.replace(/^#/, "") || location.search.replace(/^\?/, "");
+    const fromUrl = () => {
+      // the query string carries the inputs (a #fragment would read as a missing anchor)
+      const h = location.search.replace(/^\?/, "") || location.hash.replace(/^#/, "");
       const p = new URLSearchParams(h), r = { ...DEFAULTS };
       for (const k of Object.keys(r)) if (p.has(k)) r[k] = p.get(k);
       return r;
@@ -737,7 +738,7 @@
         if (k === "params" && r.preset !== "count") continue;
         p.set(k, r[k] === true ? "1" : r[k] === false ? "" : r[k]);
       }
-      return base + "#" + p.toString();
+      return base + "?" + p.toString();
     };
 
     const update = (push) => {
@@ -756,8 +757,8 @@
       } else gib.hidden = false;
       const parsed = M.parse(r);
       const calculator = root.dataset.calculator;
-      const url = link(r, calculator || location.href.split("#")[0]);
-      if (push && !compact) history.replaceState(null, "", url.slice(url.indexOf("#")));
+      const url = link(r, calculator || location.href.split(/[?#]/)[0]);
+      if (push && !compact) history.replaceState(null, "", url.slice(url.indexOf("?")));
       if (parsed.errors) {
         errors.replaceChildren(...parsed.errors.map((m) => el("p", { text: m })));
         out.replaceChildren(el("p", { class: "mw-summary", text:
@@ -768,7 +769,7 @@
       const rep = M.fitReport(parsed.cfg);
       out.replaceChildren(...render(rep, parsed.cfg, compact, url, out.clientWidth));
     };
-    set(fromHash());
+    set(fromUrl());
     if (inputs.preset.value === "") inputs.preset.value = DEFAULTS.preset;
     inputs.preset.addEventListener("change", () => {  // a custom shape starts from the preset
       const a = DATA.presets[inputs.preset.value];
@@ -779,7 +780,7 @@
     form.addEventListener("input", () => update(true));
     form.addEventListener("change", () => update(true));
     form.addEventListener("submit", (e) => { e.preventDefault(); update(true); });
-    window.addEventListener("hashchange", () => { set(fromHash()); update(false); });
+    window.addEventListener("popstate", () => { set(fromUrl()); update(false); });
     foot.textContent = `Computed in your browser by a port of guide.memory (model sources ` +
       `${DATA.source_hash}, checked against the Python model on ${DATA.checked_configs} ` +
       `configurations). Not counted: all-gather/reduce-scatter buffers, CUDA context, NCCL, ` +
