@@ -600,8 +600,8 @@
 .memory-widget .mw-errors:empty{display:none}
 .memory-widget .mw-summary{margin:.6rem 0;font-size:1rem}
 .memory-widget .mw-scroll{overflow-x:auto;max-width:100%}
-.memory-widget table{border-collapse:collapse;font-size:.85rem;width:100%;margin:.4rem 0}
-.memory-widget th,.memory-widget td{border-bottom:1px solid var(--mw-border);padding:.2rem .4rem;
+.memory-widget table{border-collapse:collapse;font-size:.8rem;width:100%;margin:.4rem 0}
+.memory-widget th,.memory-widget td{border-bottom:1px solid var(--mw-border);padding:.2rem .3rem;
  text-align:right;white-space:nowrap}
 .memory-widget th:first-child,.memory-widget td:first-child{text-align:left}
 .memory-widget caption{color:var(--mw-fg);text-align:left;font-weight:600}
@@ -797,7 +797,9 @@
       `${n.toLocaleString("en-US")} × ${gpuName} (${formatBytes(rep.capacity)} each): `);
     summary.append(el("strong", { text: fits.length ? "fits with " +
       fits.map((r) => DATA.short[r.strategy]).join(", ")
-      : "fits with none of them" }), ".");
+      : "fits with none of them" }), ". Smallest N that fits: " +
+      Object.entries(rep.smallest_world_size).map(([k, v]) => `${DATA.short[k]} ` +
+        (v === null ? "none" : v.toLocaleString("en-US"))).join(", ") + ".");
     if (cfg.params !== undefined) {
       summary.append(" Activations are not priced: a parameter count has no shape (choose a " +
         "preset or a custom shape); sharded parts are ideal 1/N shares.");
