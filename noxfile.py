@@ -76,11 +76,14 @@ def tests(session: nox.Session) -> None:
 def browser(session: nox.Session) -> None:
     """Check the built site in headless Chromium (Debian's /usr/bin/chromium, via Playwright): every
     page loads without console errors, images load, internal links and anchors resolve, search finds
-    fully_shard, figures fit a phone screen, code fits the column. Screenshots go to
+    fully_shard, figures fit a phone screen, code fits the column; the memory calculator's
+    JavaScript equals the Python model on 320 configurations (tests/test_calculator_widget.py,
+    which serves docs/_static itself). Screenshots go to
     docs/_build/screenshots. Run ``nox -s docs`` first; ``apt-get install -y chromium`` provides the
     browser."""
     _install(session, "docs,test,browser")
-    session.run("pytest", "tests/test_site.py", "-k", "browser", *session.posargs,
+    session.run("pytest", "tests/test_site.py", "tests/test_calculator_widget.py", "-k", "browser",
+                *session.posargs,
                 env={**ENV, "GUIDE_SITE_TESTS": "browser"})
 
 

@@ -127,7 +127,9 @@ def test_json_has_every_table_field_as_integer_bytes(capsys):
         sb = per_rank_state_bytes(arch.param_shapes(), row["strategy"], row["N"], "bf16_mixed",
                                   "adamw", ddp_buckets=True)
         assert row == {"strategy": row["strategy"], "label": row["label"], "N": row["N"],
-                       "params": sb.params, "grads": sb.grads, "optimizer": sb.optimizer,
+                       "shard_group": 1 if row["strategy"] == "ddp" else row["N"],
+                       "params": sb.params, "unsharded": 0, "grads": sb.grads,
+                       "optimizer": sb.optimizer,
                        "buckets": sb.buckets, "activations": act, "total": sb.total + act}
         assert all(isinstance(row[c], int) for c in ("params", "grads", "optimizer", "buckets",
                                                      "activations", "total"))

@@ -1,4 +1,4 @@
-"""The ``guide-memory`` command: predicted bytes per rank for DDP, ZeRO-1 and FSDP2, as a table.
+"""The ``guide-memory`` command: predicted bytes per GPU for DDP, ZeRO-1, ZeRO-2, FSDP2 and HSDP.
 
 ``guide-memory --preset llama-3-8b -N 1 8 64 --seq-len 8192 --activation-checkpointing full``
 (or ``python -m guide.memory ...``). Every number comes from :mod:`guide.memory.predicted` (model
@@ -8,7 +8,10 @@ one block recomputed during its backward).
 
 Output: a table whose every value carries its own unit (B, KiB, MiB, GiB, TiB, chosen per value),
 or one unit for all (``--unit GiB``), or ``--json`` for scripts (every field of the table, bytes as
-integers). Bad input exits with status 2 and one line naming the fix, never a table.
+integers). ``--strategy all`` prices the five layouts of :mod:`guide.memory.fit` (HSDP's shard
+group: ``--shard-group``, default 8); with a GPU (``--gpu "H100 (80 GB)"`` or ``--gpu-memory 80``,
+in GiB) every row says whether it fits and its headroom, and the output gives the smallest N that
+fits for each strategy. Bad input exits with status 2 and one line naming the fix, never a table.
 """
 
 from __future__ import annotations
@@ -20,17 +23,29 @@ from collections.abc import Sequence
 
 from guide.memory.activations import CHECKPOINTING, activation_bytes
 from guide.memory.architectures import PRESETS, Architecture
-from guide.memory.predicted import PRECISIONS, per_rank_state_bytes, state_bytes_for_count
+from guide.memory.fit import (
+    DEFAULT_SHARD_GROUP,
+    FIT_STRATEGIES,
+    FIT_WORLD_SIZES,
+    GPU_BYTES,
+    capacity_bytes,
+    fit_report,
+)
+from guide.memory.predicted import PRECISIONS
 from guide.report import table
 from guide.sharding import Strategy
 from guide.training import OPTIMIZERS
 
 __all__ = ["UNITS", "format_bytes", "main"]
 
+#: Short names for the one-line verdict.
+FIT_LABELS_SHORT = {"fsdp2_no_reshard": "ZeRO-2", "zero2": "ZeRO-2 (paper)", "ddp": "DDP",
+                    "zero1": "ZeRO-1", "fsdp2": "FSDP2", "hsdp": "HSDP"}
+
 #: Binary units, by name: what ``--unit`` accepts besides ``auto``.
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
-_PARTS = ("params", "grads", "optimizer", "buckets", "activations", "total")
+_PARTS = ("params", "unsharded", "grads", "optimizer", "buckets", "activations", "total")
 
 
 def format_bytes(n: int, unit: str = "auto") -> str:
@@ -51,8 +66,8 @@ def format_bytes(n: int, unit: str = "auto") -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="guide-memory",
-        description="Predicted per-rank memory for DDP, ZeRO-1 and FSDP2, from a parameter count, "
-                    "an architecture or a preset.",
+        description="Predicted per-GPU memory for DDP, ZeRO-1, ZeRO-2, FSDP2 and HSDP, from a "
+                    "parameter count, an architecture or a preset; with a GPU, whether it fits.",
         epilog="presets: " + ", ".join(PRESETS))
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--params", type=float, help="parameter count, e.g. 70e9 (no shapes: ideal "
@@ -67,8 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tied", action="store_true", help="tied input/output embeddings")
     p.add_argument("--max-seq-len", type=int, help="the longest sequence the architecture supports")
     p.add_argument("--strategy", nargs="+", default=["ddp", "zero1", "fsdp2"],
-                   help=f"one or more of {', '.join(s.value for s in Strategy)} "
-                        "(default: ddp zero1 fsdp2)")
+                   help=f"one or more of {', '.join(s.value for s in Strategy)}, hsdp; or all "
+                        f"({' '.join(FIT_STRATEGIES)}) (default: ddp zero1 fsdp2)")
+    p.add_argument("--shard-group", type=int, default=DEFAULT_SHARD_GROUP,
+                   help=f"HSDP: GPUs per shard group (default {DEFAULT_SHARD_GROUP}, one node)")
+    gpu = p.add_mutually_exclusive_group()
+    gpu.add_argument("--gpu", help="say whether it fits this GPU: " + ", ".join(GPU_BYTES))
+    gpu.add_argument("--gpu-memory", type=float, metavar="GIB",
+                     help="say whether it fits a GPU of this many GiB")
     p.add_argument("--precision", default="bf16_mixed", help=f"one of {', '.join(PRECISIONS)}")
     p.add_argument("--optimizer", default="adamw", help=f"one of {', '.join(OPTIMIZERS)}")
     p.add_argument("--world-size", "-N", type=int, nargs="+", default=[1, 8, 64],
@@ -128,23 +149,28 @@ def _activations(args: argparse.Namespace, arch: Architecture | None) -> int:
                             checkpointing=args.activation_checkpointing)
 
 
-def _rows(args: argparse.Namespace, arch: Architecture | None, n_params: int,
-          act: int) -> list[dict]:
-    """One row per (strategy, N): the strategy's key and label, N, and every part in bytes."""
-    rows = []
+def _strategies(args: argparse.Namespace) -> list[str]:
+    """The strategy keys asked for: ``all`` is :data:`~guide.memory.fit.FIT_STRATEGIES`."""
+    keys: list[str] = []
     for key in args.strategy:
-        strategy = Strategy.parse(key)
-        for n in args.world_size:
-            if arch is None:
-                sb = state_bytes_for_count(n_params, strategy, n, args.precision, args.optimizer,
-                                           ddp_buckets=not args.bucket_view)
-            else:
-                sb = per_rank_state_bytes(arch.param_shapes(), strategy, n, args.precision,
-                                          args.optimizer, ddp_buckets=not args.bucket_view)
-            rows.append({"strategy": strategy.value, "label": strategy.label, "N": n,
-                         "params": sb.params, "grads": sb.grads, "optimizer": sb.optimizer,
-                         "buckets": sb.buckets, "activations": act, "total": sb.total + act})
-    return rows
+        more = (list(FIT_STRATEGIES) if key == "all"
+                else ["hsdp"] if key == "hsdp" else [Strategy.parse(key).value])
+        keys += [k for k in more if k not in keys]
+    return keys
+
+
+def _capacity(args: argparse.Namespace) -> int | None:
+    if args.gpu is None and args.gpu_memory is None:
+        return None
+    return capacity_bytes(args.gpu, args.gpu_memory)
+
+
+def _fit(args: argparse.Namespace, arch: Architecture | None, n_params: int, act: int) -> dict:
+    """The rows (one per strategy and N, every part in bytes) and, with a GPU, the verdicts."""
+    return fit_report(arch if arch is not None else n_params, _strategies(args), args.world_size,
+                      args.precision, args.optimizer, activations=act,
+                      ddp_buckets=not args.bucket_view, shard_group=args.shard_group,
+                      capacity=_capacity(args))
 
 
 def _report(args: argparse.Namespace, n_params: int) -> dict:
@@ -155,6 +181,7 @@ def _report(args: argparse.Namespace, n_params: int) -> dict:
         "precision": args.precision,
         "optimizer": args.optimizer,
         "ddp_buckets": not args.bucket_view,
+        "gpu": args.gpu or (None if args.gpu_memory is None else f"{args.gpu_memory} GiB"),
         "activations": None if args.seq_len is None else {
             "seq_len": args.seq_len, "micro_batch": args.micro_batch,
             "attention": "unfused" if args.unfused_attention else "fused",
@@ -173,12 +200,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"{', '.join(UNITS)}.")
         arch = _architecture(args)
         n_params = _n_params(args, arch)
-        rows = _rows(args, arch, n_params, _activations(args, arch))
+        fit = _fit(args, arch, n_params, _activations(args, arch))
     except ValueError as err:
         parser.exit(2, f"guide-memory: error: {err}\n")
     if args.json:
-        print(json.dumps({**_report(args, n_params), "rows": rows}, indent=2))
+        print(json.dumps({**_report(args, n_params), **fit}, indent=2))
         return 0
+    rows = fit["rows"]
     act = args.seq_len is not None
     print(f"{_report(args, n_params)['model']}: {n_params:,} parameters; "
           f"{PRECISIONS[args.precision].label} ({args.precision}), "
@@ -186,12 +214,26 @@ def main(argv: Sequence[str] | None = None) -> int:
           + (f"; activations of {args.micro_batch} x {args.seq_len:,} tokens, "
              f"{'unfused' if args.unfused_attention else 'fused'} attention, "
              f"{args.activation_checkpointing} checkpointing (estimate)" if act else ""))
-    parts = [c for c in _PARTS if act or c != "activations"]
-    cells = [{"strategy": r["label"], "N": r["N"], **{c: format_bytes(r[c], args.unit)
-                                                    for c in parts}} for r in rows]
+    parts = [c for c in _PARTS if (act or c != "activations")
+             and (c != "unsharded" or any(r["unsharded"] for r in rows))]
+    verdict = ["fits", "headroom"] if "capacity" in fit else []
+    cells = [{"strategy": r["label"], "N": r["N"],
+              **{c: "n/a" if r[c] is None else format_bytes(r[c], args.unit) for c in parts},
+              **({"fits": {True: "yes", False: "no", None: "n/a"}[r["fits"]],
+                  "headroom": "n/a" if r["headroom"] is None
+                  else format_bytes(r["headroom"], args.unit)} if verdict else {})}
+             for r in rows]
     unit = "bytes" if args.unit == "auto" else args.unit
-    print(table(cells, ["strategy", "N", *parts],
+    print(table(cells, ["strategy", "N", *parts, *verdict],
                 title=f"predicted {unit} per rank; total = " + " + ".join(parts[:-1])))
+    for r in rows:
+        if r.get("error"):
+            print(f"{r['label']}, N = {r['N']}: {r['error']}")
+    if verdict:
+        print(f"smallest N that fits in {format_bytes(fit['capacity'])} (N = 1, 2, 4, ..., "
+              f"{FIT_WORLD_SIZES[-1]:,}): " + "; ".join(
+                  f"{FIT_LABELS_SHORT.get(k, k)} {'none' if n is None else n}"
+                  for k, n in fit["smallest_world_size"].items()))
     print("buckets: DDP's gradient buckets, held by DDP and ZeRO-1 "
           + ("with gradient_as_bucket_view=False (the default); --bucket-view drops them."
              if not args.bucket_view else "— none: --bucket-view (gradient_as_bucket_view=True)."))

@@ -41,6 +41,7 @@ are :data:`~guide.memory.PRECISIONS` below.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -213,13 +214,13 @@ def state_bytes_by_rank(param_shapes: Sequence[Sequence[int]], strategy: Strateg
                 for mine in chunk_sizes(total, n)]
     # FSDP2: every rank allocates ceil(dim0/N) rows of each parameter and gradient (padded); the
     # optimizer state follows the rank's real (unpadded) rows.
+    # Equal shapes split equally: count each (dim0, row) once (a 126-layer model has a few).
     padded, real = 0, [0] * n
-    for shape in shapes:
-        dim0, row = _rows(shape)
+    for (dim0, row), count in collections.Counter(_rows(shape) for shape in shapes).items():
         sizes = chunk_sizes(dim0, n)
-        padded += sizes[0] * row
+        padded += sizes[0] * row * count
         for r, rows in enumerate(sizes):
-            real[r] += rows * row
+            real[r] += rows * row * count
     return [StateBytes(padded * pr.param, padded * pr.grad,
                        real[r] * opt_per_elem + len(shapes) * opt.step_bytes, buckets)
             for r in range(n)]

@@ -1,0 +1,909 @@
+/* "Will it fit?": the site's memory model (guide.memory.fit) in the browser.
+ *
+ * A port of guide.memory.fit, guide.memory.predicted and guide.memory.activations to JavaScript,
+ * bytes as BigInt. tests/test_calculator_widget.py compares every number it computes with the
+ * Python model's on hundreds of configurations; the DATA block below is written by
+ * `python -m guide.memory.widget`, which stamps the hash of the Python model's sources the port
+ * was checked against. The docs build fails when that hash is not the current one.
+ *
+ * Self-contained: no network, no dependency, no build step. Every element with the class
+ * "memory-widget" becomes a calculator (data-widget="full") or a compact form ("compact").
+ */
+(function () {
+  "use strict";
+
+  // DATA-BEGIN (written by `python -m guide.memory.widget`; do not edit by hand)
+  const DATA = {
+   "checked_configs": 320,
+   "checkpointing": [
+    "none",
+    "full"
+   ],
+   "ddp_buckets": true,
+   "default_shard_group": 8,
+   "gpus": {
+    "H100 (80 GB)": 85520809984,
+    "H200 (141 GB)": 150754820096
+   },
+   "korthikanti": {
+    "bytes": 2,
+    "sbh": 34,
+    "scores": 5
+   },
+   "labels": {
+    "ddp": "DDP",
+    "fsdp2": "FSDP2",
+    "fsdp2_no_reshard": "ZeRO-2 (FSDP2, no reshard)",
+    "hsdp": "HSDP",
+    "zero1": "ZeRO-1"
+   },
+   "optimizers": {
+    "adamw": {
+     "label": "AdamW",
+     "moments": 2,
+     "step_bytes": 4
+    },
+    "sgd": {
+     "label": "SGD",
+     "moments": 0,
+     "step_bytes": 0
+    },
+    "sgd_momentum": {
+     "label": "SGD + momentum",
+     "moments": 1,
+     "step_bytes": 0
+    }
+   },
+   "precisions": {
+    "bf16": {
+     "compute": 2,
+     "grad": 2,
+     "label": "pure bf16",
+     "master": 0,
+     "moment": 2,
+     "param": 2
+    },
+    "bf16_mixed": {
+     "compute": 2,
+     "grad": 4,
+     "label": "bf16 compute, fp32 master",
+     "master": 0,
+     "moment": 4,
+     "param": 4
+    },
+    "fp32": {
+     "compute": 4,
+     "grad": 4,
+     "label": "fp32",
+     "master": 0,
+     "moment": 4,
+     "param": 4
+    },
+    "zero_mixed": {
+     "compute": 2,
+     "grad": 2,
+     "label": "ZeRO's mixed precision",
+     "master": 4,
+     "moment": 4,
+     "param": 2
+    }
+   },
+   "presets": {
+    "gpt2-xl": {
+     "bias": true,
+     "gated_mlp": false,
+     "heads": 25,
+     "hidden": 1600,
+     "kv_heads": null,
+     "layernorm": true,
+     "layers": 48,
+     "learned_positions": true,
+     "max_seq_len": 1024,
+     "mlp": 6400,
+     "tied_embeddings": true,
+     "vocab": 50257
+    },
+    "llama-2-7b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 32,
+     "hidden": 4096,
+     "kv_heads": null,
+     "layernorm": false,
+     "layers": 32,
+     "learned_positions": false,
+     "max_seq_len": 4096,
+     "mlp": 11008,
+     "tied_embeddings": false,
+     "vocab": 32000
+    },
+    "llama-3-70b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 64,
+     "hidden": 8192,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 80,
+     "learned_positions": false,
+     "max_seq_len": 8192,
+     "mlp": 28672,
+     "tied_embeddings": false,
+     "vocab": 128256
+    },
+    "llama-3-8b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 32,
+     "hidden": 4096,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 32,
+     "learned_positions": false,
+     "max_seq_len": 8192,
+     "mlp": 14336,
+     "tied_embeddings": false,
+     "vocab": 128256
+    },
+    "llama-3.1-405b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 128,
+     "hidden": 16384,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 126,
+     "learned_positions": false,
+     "max_seq_len": 131072,
+     "mlp": 53248,
+     "tied_embeddings": false,
+     "vocab": 128256
+    },
+    "llama-3.2-1b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 32,
+     "hidden": 2048,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 16,
+     "learned_positions": false,
+     "max_seq_len": 131072,
+     "mlp": 8192,
+     "tied_embeddings": true,
+     "vocab": 128256
+    },
+    "llama-3.2-3b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 24,
+     "hidden": 3072,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 28,
+     "learned_positions": false,
+     "max_seq_len": 131072,
+     "mlp": 8192,
+     "tied_embeddings": true,
+     "vocab": 128256
+    },
+    "mistral-7b": {
+     "bias": false,
+     "gated_mlp": true,
+     "heads": 32,
+     "hidden": 4096,
+     "kv_heads": 8,
+     "layernorm": false,
+     "layers": 32,
+     "learned_positions": false,
+     "max_seq_len": 32768,
+     "mlp": 14336,
+     "tied_embeddings": false,
+     "vocab": 32000
+    }
+   },
+   "short": {
+    "ddp": "DDP",
+    "fsdp2": "FSDP2",
+    "fsdp2_no_reshard": "ZeRO-2",
+    "hsdp": "HSDP",
+    "zero1": "ZeRO-1"
+   },
+   "source_hash": "629caa9dbebc",
+   "strategies": [
+    "ddp",
+    "zero1",
+    "fsdp2_no_reshard",
+    "fsdp2",
+    "hsdp"
+   ],
+   "world_sizes": [
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+    64,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096
+   ]
+  };
+  // DATA-END
+
+  const B = (x) => BigInt(x);
+  const PARTS = ["params", "unsharded", "grads", "optimizer", "buckets", "activations"];
+
+  // -- the model: a line-by-line port; every function is called through M so a test can patch one.
+  const M = {};
+
+  /** One shape per parameter tensor, in the order of Architecture.param_shapes. */
+  M.paramShapes = function (a) {
+    const h = a.hidden, f = a.mlp;
+    const kv = (a.kv_heads || a.heads) * Math.floor(h / a.heads);
+    const norm = a.layernorm ? [[h], [h]] : [[h]];
+    const linear = (out, inp) => (a.bias ? [[out, inp], [out]] : [[out, inp]]);
+    const mlp = a.gated_mlp ? [...linear(f, h), ...linear(f, h), ...linear(h, f)]
+      : [...linear(f, h), ...linear(h, f)];
+    const layer = [...norm, ...linear(h, h), ...linear(kv, h), ...linear(kv, h), ...linear(h, h),
+      ...norm, ...mlp];
+    const shapes = [[a.vocab, h]];
+    if (a.learned_positions) shapes.push([a.max_seq_len || 0, h]);
+    for (let i = 0; i < a.layers; i++) shapes.push(...layer);
+    shapes.push(...norm);
+    if (!a.tied_embeddings) shapes.push([a.vocab, h]);
+    return shapes;
+  };
+
+  M.numel = (shape) => shape.reduce((p, d) => p * B(d), 1n);
+  /** (dim 0, elements per row); a 0-d tensor is one row of one element. */
+  M.rows = (shape) => (shape.length ? [B(shape[0]), M.numel(shape.slice(1))] : [1n, 1n]);
+  M.ceilDiv = (a, b) => (a + b - 1n) / b;
+  /** How torch.chunk splits `length` rows over n ranks (guide.dtensor.chunk_sizes). */
+  M.chunkSizes = function (length, n) {
+    const chunk = M.ceilDiv(length, B(n)), out = [];
+    for (let r = 0; r < n; r++) {
+      const left = length - B(r) * chunk;
+      out.push(left < 0n ? 0n : left < chunk ? left : chunk);
+    }
+    return out;
+  };
+
+  /** ZeroRedundancyOptimizer's greedy partition: largest first, to the rank with the fewest. */
+  M.zero1Partition = function (shapes, n) {
+    const sizes = shapes.map((s) => Number(M.numel(s)));  // element counts: safe integers
+    const order = sizes.map((_, i) => i).sort((i, j) => sizes[j] - sizes[i]);  // stable
+    const held = new Array(n).fill(0), owned = Array.from({ length: n }, () => []);
+    for (const i of order) {
+      let rank = 0;
+      for (let r = 1; r < n; r++) if (held[r] < held[rank]) rank = r;
+      owned[rank].push(i);
+      held[rank] += sizes[i];
+    }
+    return owned;
+  };
+
+  M.bucketBytes = (strategy, total, pr, ddpBuckets) =>
+    (ddpBuckets && (strategy === "ddp" || strategy === "zero1") ? total * B(pr.grad) : 0n);
+
+  const state = (params, grads, optimizer, buckets) => ({ params, grads, optimizer, buckets });
+  const stateTotal = (s) => s.params + s.grads + s.optimizer + s.buckets;
+
+  /** Predicted bytes of every rank (guide.memory.state_bytes_by_rank). */
+  M.stateBytesByRank = function (shapes, strategy, n, precision, optimizer, ddpBuckets) {
+    const pr = DATA.precisions[precision], opt = DATA.optimizers[optimizer];
+    const perElem = B(pr.master + opt.moments * pr.moment), step = B(opt.step_bytes);
+    const count = B(shapes.length);
+    const numels = shapes.map(M.numel);
+    const total = numels.reduce((a, b) => a + b, 0n);
+    const buckets = M.bucketBytes(strategy, total, pr, ddpBuckets);
+    if (strategy === "ddp") {
+      return [state(total * B(pr.param), total * B(pr.grad), total * perElem + count * step,
+        buckets)];
+    }
+    if (strategy === "zero1") {
+      return M.zero1Partition(shapes, n).map((idx) => state(total * B(pr.param),
+        total * B(pr.grad),
+        idx.reduce((a, i) => a + numels[i], 0n) * perElem + B(idx.length) * step, buckets));
+    }
+    if (strategy === "zero2") {
+      return M.chunkSizes(total, n).map((mine) => state(total * B(pr.param), mine * B(pr.grad),
+        mine * perElem + (mine ? count * step : 0n), buckets));
+    }
+    // FSDP2: every rank allocates ceil(dim0/N) rows (padded); optimizer state on its real rows.
+    const groups = new Map();
+    for (const s of shapes) {
+      const [dim0, row] = M.rows(s), key = dim0 + "x" + row;
+      const g = groups.get(key) || { dim0, row, count: 0n };
+      g.count += 1n;
+      groups.set(key, g);
+    }
+    let padded = 0n;
+    const real = new Array(n).fill(0n);
+    for (const { dim0, row, count: c } of groups.values()) {
+      const sizes = M.chunkSizes(dim0, n);
+      padded += sizes[0] * row * c;
+      for (let r = 0; r < n; r++) real[r] += sizes[r] * row * c;
+    }
+    return real.map((mine) => state(padded * B(pr.param), padded * B(pr.grad),
+      mine * perElem + count * step, buckets));
+  };
+
+  /** The rank that holds the most (ties: the lowest rank). */
+  M.perRankStateBytes = function (shapes, strategy, n, precision, optimizer, ddpBuckets) {
+    const ranks = M.stateBytesByRank(shapes, strategy, n, precision, optimizer, ddpBuckets);
+    let best = ranks[0];
+    for (const s of ranks) if (stateTotal(s) > stateTotal(best)) best = s;
+    return best;
+  };
+
+  /** All parameters unsharded, padded to N chunks, in the compute dtype. */
+  M.unshardedParamBytes = function (shapes, n, precision) {
+    let padded = 0n;
+    for (const s of shapes) {
+      const [dim0, row] = M.rows(s);
+      padded += M.ceilDiv(dim0, B(n)) * B(n) * row;
+    }
+    return padded * B(DATA.precisions[precision].compute);
+  };
+
+  /** Korthikanti et al.'s Eq. 1 per layer, fused attention (no attention scores). */
+  M.korthikantiLayerBytes = (s, b, hidden) => B(s) * B(b) * B(hidden) * B(DATA.korthikanti.sbh);
+
+  /** Activation bytes per GPU (guide.memory.activation_bytes, fused attention). */
+  M.activationBytes = function (arch, s, b, checkpointing) {
+    const layer = M.korthikantiLayerBytes(s, b, arch.hidden);
+    if (checkpointing === "none") return B(arch.layers) * layer;
+    return B(arch.layers) * B(s) * B(b) * B(arch.hidden) * B(DATA.korthikanti.bytes) + layer;
+  };
+
+  /** GPUs one HSDP shard group spans; null where the 2-D mesh cannot be built. */
+  M.hsdpShardSize = (n, g) => (n > g && n % g ? null : Math.min(n, g));
+
+  /** Per-GPU bytes from a parameter count alone (guide.memory.state_bytes_for_count): ideal
+   * 1/N shares, no padding, no per-tensor step. */
+  M.stateBytesForCount = function (count, strategy, n, precision, optimizer, ddpBuckets) {
+    const pr = DATA.precisions[precision], opt = DATA.optimizers[optimizer];
+    const share = M.ceilDiv(count, B(n));
+    const fsdp2 = strategy === "fsdp2" || strategy === "fsdp2_no_reshard";
+    const p = fsdp2 ? share : count;
+    const g = strategy === "zero2" || fsdp2 ? share : count;
+    const o = strategy === "ddp" ? count : share;
+    return state(p * B(pr.param), g * B(pr.grad), o * B(pr.master + opt.moments * pr.moment),
+      M.bucketBytes(strategy, count, pr, ddpBuckets));
+  };
+
+  /** The fullest GPU's bytes of one layout on n GPUs (guide.memory.fit.per_gpu); `shapes` is a
+   * list of shapes, or a BigInt parameter count. */
+  M.perGpu = function (shapes, strategy, n, precision, optimizer, activations, shardGroup) {
+    const group = strategy === "hsdp" ? M.hsdpShardSize(n, shardGroup)
+      : strategy === "ddp" || strategy === "zero1" ? 1 : n;
+    if (group === null) return null;
+    const priced = strategy === "hsdp" ? "fsdp2" : strategy;
+    const width = strategy === "hsdp" ? group : n, count = typeof shapes === "bigint";
+    const sb = count
+      ? M.stateBytesForCount(shapes, priced, width, precision, optimizer, DATA.ddp_buckets)
+      : M.perRankStateBytes(shapes, priced, width, precision, optimizer, DATA.ddp_buckets);
+    const unsharded = strategy !== "fsdp2_no_reshard" ? 0n
+      : count ? shapes * B(DATA.precisions[precision].compute)
+        : M.unshardedParamBytes(shapes, n, precision);
+    const split = { strategy, N: n, shard_group: group, params: sb.params, unsharded,
+      grads: sb.grads, optimizer: sb.optimizer, buckets: sb.buckets, activations };
+    split.total = PARTS.reduce((a, p) => a + split[p], 0n);
+    return split;
+  };
+
+  /** The smallest N of DATA.world_sizes that fits in `capacity` bytes, or null. */
+  M.smallestWorldSize = function (shapes, strategy, capacity, precision, optimizer, activations,
+    shardGroup) {
+    for (const n of DATA.world_sizes) {
+      if (strategy === "hsdp" && n > shardGroup && n % shardGroup) continue;
+      const split = M.perGpu(shapes, strategy, n, precision, optimizer, activations, shardGroup);
+      if (split.total <= capacity) return n;
+    }
+    return null;
+  };
+
+  /** GPU memory in bytes: a preset, or floor(GiB * 2**30). */
+  M.capacityBytes = (cfg) => (cfg.gpu ? B(DATA.gpus[cfg.gpu])
+    : B(Math.floor(cfg.gib * 1073741824)));
+
+  /** The architecture a configuration names: a preset, or Llama-style custom shapes. */
+  M.architecture = function (cfg) {
+    if (cfg.preset) return DATA.presets[cfg.preset];
+    return { vocab: cfg.vocab, hidden: cfg.hidden, layers: cfg.layers, heads: cfg.heads,
+      kv_heads: cfg.kv_heads || null, mlp: cfg.mlp, tied_embeddings: !!cfg.tied, gated_mlp: true,
+      bias: false, layernorm: false, learned_positions: false, max_seq_len: null };
+  };
+
+  /** Everything the calculator shows for one configuration (guide.memory.fit.fit_report). */
+  M.fitReport = function (cfg) {
+    const counted = cfg.params !== undefined;  // a parameter count alone: no activations
+    const arch = counted ? null : M.architecture(cfg);
+    const shapes = counted ? B(cfg.params) : M.paramShapes(arch);
+    const activations = counted ? 0n
+      : M.activationBytes(arch, cfg.seq_len, cfg.micro_batch, cfg.checkpointing);
+    const capacity = M.capacityBytes(cfg);
+    const rows = [], smallest = {};
+    for (const key of cfg.strategies) {
+      for (const n of cfg.world_sizes) {
+        const split = M.perGpu(shapes, key, n, cfg.precision, cfg.optimizer, activations,
+          cfg.shard_group);
+        const row = { strategy: key, label: DATA.labels[key], N: n };
+        if (split === null) {
+          Object.assign(row, { shard_group: null, fits: null, headroom: null });
+          for (const p of [...PARTS, "total"]) row[p] = null;
+        } else {
+          Object.assign(row, split, { fits: split.total <= capacity,
+            headroom: capacity - split.total });
+        }
+        rows.push(row);
+      }
+      smallest[key] = M.smallestWorldSize(shapes, key, capacity, cfg.precision, cfg.optimizer,
+        activations, cfg.shard_group);
+    }
+    return { parameters: counted ? shapes : shapes.reduce((a, s) => a + M.numel(s), 0n),
+      activations, capacity,
+      shard_group: cfg.shard_group, rows, smallest_world_size: smallest };
+  };
+
+  // -- input checking: one clear message per mistake, never a NaN ---------------------------------
+  const LIMIT = 2 ** 40;  // no dimension or count above a trillion: beyond any real model
+  const MAX_GPUS = 65536, MAX_LAYERS = 100000;  // keeps the page responsive
+
+  /** An integer >= 1 from the text of a field, or a message naming the field and the fix. */
+  function positiveInt(text, what) {
+    const t = String(text).trim().replace(/[,_\s]/g, "");
+    if (t === "") return { error: `${what}: enter a whole number (it is empty).` };
+    if (!/^[+-]?\d+(\.\d+)?([eE][+]?\d+)?$/.test(t)) {
+      return { error: `${what}: "${text}" is not a number; enter a whole number such as 8.` };
+    }
+    const v = Number(t);
+    if (v <= 0) return { error: `${what} must be at least 1, got ${t}.` };
+    if (!Number.isInteger(v)) return { error: `${what} must be a whole number, got ${t}.` };
+    if (v > LIMIT) {
+      return { error: `${what} is too large (at most ${LIMIT.toLocaleString("en-US")}).` };
+    }
+    return { value: v };
+  }
+
+  /** A configuration from the form's raw values, or a list of messages. */
+  M.parse = function (raw) {
+    const errors = [], cfg = { precision: raw.precision, optimizer: raw.optimizer,
+      checkpointing: raw.checkpointing, strategies: raw.strategy === "all"
+        ? DATA.strategies.slice() : [raw.strategy] };
+    const int = (key, what) => {
+      const r = positiveInt(raw[key], what);
+      if (r.error) errors.push(r.error); else cfg[key] = r.value;
+    };
+    if (!(raw.precision in DATA.precisions)) errors.push(`unknown precision "${raw.precision}".`);
+    if (!(raw.optimizer in DATA.optimizers)) errors.push(`unknown optimizer "${raw.optimizer}".`);
+    if (!DATA.checkpointing.includes(raw.checkpointing)) errors.push("unknown checkpointing.");
+    if (raw.strategy !== "all" && !DATA.strategies.includes(raw.strategy)) {
+      errors.push(`unknown strategy "${raw.strategy}".`);
+    }
+    if (raw.preset === "count") {
+      const t = String(raw.params ?? "").trim().replace(/[,_\s]/g, ""), v = Number(t);
+      if (t === "" || !Number.isFinite(v) || v < 1 || !Number.isInteger(v)) {
+        errors.push(`Parameters must be a positive whole number such as 70e9; got "${t}".`);
+      } else if (v > Number.MAX_SAFE_INTEGER) {
+        errors.push("Parameters: at most 9 quadrillion.");
+      } else cfg.params = v;
+    } else if (raw.preset && raw.preset !== "custom") {
+      if (!(raw.preset in DATA.presets)) errors.push(`unknown model "${raw.preset}".`);
+      else cfg.preset = raw.preset;
+    } else {
+      int("layers", "Layers"); int("hidden", "Hidden size"); int("heads", "Attention heads");
+      int("vocab", "Vocabulary"); int("mlp", "MLP size");
+      if (String(raw.kv_heads ?? "").trim() !== "") int("kv_heads", "KV heads");
+      cfg.tied = !!raw.tied;
+      if (cfg.hidden && cfg.heads && cfg.hidden % cfg.heads) {
+        errors.push(`Attention heads (${cfg.heads}) must divide the hidden size (${cfg.hidden}): ` +
+          `try ${cfg.hidden % 64 === 0 ? cfg.hidden / 64 : 1} heads of ` +
+          `${cfg.hidden % 64 === 0 ? 64 : cfg.hidden} dimensions.`);
+      }
+      if (cfg.heads && cfg.kv_heads && cfg.heads % cfg.kv_heads) {
+        errors.push(`KV heads (${cfg.kv_heads}) must divide the attention heads (${cfg.heads}).`);
+      }
+    }
+    if (raw.preset !== "count") {
+      int("seq_len", "Sequence length"); int("micro_batch", "Micro-batch");
+    }
+    int("world_size", "Number of GPUs"); int("shard_group", "HSDP shard group");
+    if (cfg.world_size) cfg.world_sizes = [cfg.world_size];
+    if (raw.gpu && raw.gpu !== "custom") {
+      if (!(raw.gpu in DATA.gpus)) errors.push(`unknown GPU "${raw.gpu}".`);
+      else cfg.gpu = raw.gpu;
+    } else {
+      const t = String(raw.gib ?? "").trim(), v = Number(t);
+      if (t === "" || !Number.isFinite(v) || v <= 0) {
+        errors.push(`GPU memory must be a positive number of GiB, such as 80; got "${t}".`);
+      } else if (v > LIMIT) errors.push("GPU memory is too large.");
+      else cfg.gib = v;
+    }
+    if (cfg.preset && cfg.seq_len) {
+      const max = DATA.presets[cfg.preset].max_seq_len;
+      if (max && cfg.seq_len > max) {
+        errors.push(`Sequence length ${cfg.seq_len.toLocaleString("en-US")} is longer than ` +
+          `${cfg.preset} supports (${max.toLocaleString("en-US")} positions); use ` +
+          `${max.toLocaleString("en-US")} or fewer.`);
+      }
+    }
+    if (cfg.world_size > MAX_GPUS) {
+      errors.push(`Number of GPUs: at most ${MAX_GPUS.toLocaleString("en-US")}.`);
+    }
+    if (cfg.layers > MAX_LAYERS) {
+      errors.push(`Layers: at most ${MAX_LAYERS.toLocaleString("en-US")}.`);
+    }
+    if (!errors.length && cfg.params === undefined) {
+      const n = M.paramShapes(M.architecture(cfg)).reduce((a, s) => a + M.numel(s), 0n);
+      if (n > B(Number.MAX_SAFE_INTEGER)) {
+        errors.push("This model has more than 9 quadrillion parameters: reduce a dimension.");
+      }
+    }
+    return errors.length ? { errors } : { cfg };
+  };
+
+  // -- display ----------------------------------------------------------------------------------
+  const UNITS = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+
+  /** guide.memory.cli.format_bytes: a unit per value, two decimals. */
+  function formatBytes(n) {
+    const v = Number(n), a = Math.abs(v);
+    for (const [u, s] of UNITS) {
+      if (a >= s) {
+        return (v / s).toLocaleString("en-US", { minimumFractionDigits: 2,
+          maximumFractionDigits: 2 }) + " " + u;
+      }
+    }
+    return v.toLocaleString("en-US") + " B";
+  }
+
+  const COLORS = { params: "#1f77b4", unsharded: "#9467bd", grads: "#ff7f0e",
+    optimizer: "#2ca02c", buckets: "#8c564b", activations: "#d62728" };
+  const PART_HEADS = { params: "params", unsharded: "unsharded", grads: "grads",
+    optimizer: "optimizer", buckets: "DDP buckets", activations: "activations" };
+  const PART_LABELS = { params: "parameters", unsharded: "unsharded params (kept fwd→bwd)",
+    grads: "gradients", optimizer: "optimizer state", buckets: "DDP buckets",
+    activations: "activations" };
+
+  const CSS = `
+.memory-widget{--mw-border:var(--pst-color-border,#ccc);--mw-fg:var(--pst-color-text-base,#222);
+ --mw-muted:var(--pst-color-text-muted,#666);--mw-bg:var(--pst-color-surface,#f6f6f6);
+ --mw-ok:var(--pst-color-success,#1a7f37);--mw-bad:var(--pst-color-danger,#c62828);
+ border:1px solid var(--mw-border);border-radius:.4rem;padding:.8rem;margin:1rem 0;
+ background:var(--pst-color-background,transparent);color:var(--mw-fg);max-width:100%;
+ box-sizing:border-box;overflow:hidden}
+.memory-widget *{box-sizing:border-box}
+.memory-widget form{display:grid;grid-template-columns:repeat(auto-fill,minmax(9.5rem,1fr));
+ gap:.5rem .8rem;margin:0}
+.memory-widget .mw-field{display:flex;flex-direction:column;gap:.15rem;min-width:0}
+.memory-widget label{font-size:.85rem;color:var(--mw-muted)}
+.memory-widget .mw-field[hidden],.memory-widget fieldset[hidden]{display:none}
+.memory-widget label.mw-check{display:flex;align-items:center;gap:.4rem}
+.memory-widget input,.memory-widget select{font:inherit;font-size:.95rem;padding:.3rem .4rem;
+ color:var(--mw-fg);background:var(--mw-bg);border:1px solid var(--mw-border);
+ border-radius:.25rem;width:100%;min-width:0}
+.memory-widget input[type=checkbox]{width:auto}
+.memory-widget input:focus-visible,.memory-widget select:focus-visible,
+.memory-widget a:focus-visible{outline:3px solid var(--pst-color-accent,#0969da);
+ outline-offset:1px}
+.memory-widget fieldset{grid-column:1/-1;border:1px dashed var(--mw-border);border-radius:.3rem;
+ display:grid;grid-template-columns:repeat(auto-fill,minmax(8rem,1fr));gap:.5rem .8rem;margin:0;
+ padding:.4rem .6rem}
+.memory-widget legend{font-size:.85rem;color:var(--mw-muted)}
+.memory-widget .mw-errors{color:var(--mw-bad);font-weight:600;margin:.6rem 0}
+.memory-widget .mw-errors:empty{display:none}
+.memory-widget .mw-summary{margin:.6rem 0;font-size:1rem}
+.memory-widget .mw-scroll{overflow-x:auto;max-width:100%}
+.memory-widget table{border-collapse:collapse;font-size:.8rem;width:100%;margin:.4rem 0}
+.memory-widget th,.memory-widget td{border-bottom:1px solid var(--mw-border);padding:.2rem .3rem;
+ text-align:right;white-space:nowrap}
+.memory-widget th:first-child,.memory-widget td:first-child{text-align:left}
+.memory-widget caption{color:var(--mw-fg);text-align:left;font-weight:600}
+.memory-widget a{color:var(--pst-color-link,#0969da)}
+.memory-widget .mw-yes{color:var(--mw-ok);font-weight:600}
+.memory-widget .mw-no{color:var(--mw-bad);font-weight:600}
+.memory-widget svg{display:block;width:100%;height:auto;margin:.4rem 0}
+.memory-widget svg text{fill:var(--mw-fg);font-size:12px}
+.memory-widget .mw-foot{font-size:.8rem;color:var(--mw-muted);margin:.4rem 0 0}
+.memory-widget .mw-foot a{word-break:break-all}
+.memory-widget .mw-legend{display:flex;flex-wrap:wrap;gap:.3rem .8rem;font-size:.8rem;
+ margin:.2rem 0}
+.memory-widget .mw-legend span::before{content:"";display:inline-block;width:.8em;height:.8em;
+ margin-right:.3em;vertical-align:-.1em;background:var(--sw)}
+`;
+
+  const FIELDS = [  // [key, label, kind, compact?]
+    ["preset", "Model", "select", true],
+    ["params", "Parameters (e.g. 70e9)", "num", true],
+    ["precision", "Precision", "select", false],
+    ["optimizer", "Optimizer", "select", false],
+    ["seq_len", "Sequence length (tokens)", "int", true],
+    ["micro_batch", "Micro-batch (sequences per GPU)", "int", false],
+    ["checkpointing", "Activation checkpointing", "select", false],
+    ["gpu", "GPU", "select", true],
+    ["gib", "GPU memory (GiB)", "num", true],
+    ["world_size", "Number of GPUs (N)", "int", true],
+    ["strategy", "Strategy", "select", false],
+    ["shard_group", "HSDP shard group (GPUs)", "int", false],
+  ];
+  const ARCH = [["layers", "Layers"], ["hidden", "Hidden size"], ["heads", "Attention heads"],
+    ["kv_heads", "KV heads (blank: = heads)"], ["vocab", "Vocabulary"], ["mlp", "MLP size"]];
+  const DEFAULTS = { preset: "llama-3-8b", precision: "bf16_mixed", optimizer: "adamw",
+    seq_len: "4096", micro_batch: "1", checkpointing: "none", gpu: "H100 (80 GB)", gib: "",
+    world_size: "8", strategy: "all", shard_group: String(DATA.default_shard_group || 8),
+    params: "70e9", layers: "32", hidden: "4096", heads: "32", kv_heads: "8", vocab: "128256",
+    mlp: "14336",
+    tied: "" };
+
+  function options(key) {
+    switch (key) {
+      case "preset": return [...Object.keys(DATA.presets).map((k) => [k, k]),
+        ["custom", "custom shape…"], ["count", "parameter count only…"]];
+      case "precision": return Object.entries(DATA.precisions).map(([k, p]) => [k,
+        `${p.label} (${k})`]);
+      case "optimizer": return Object.entries(DATA.optimizers).map(([k, o]) => [k, o.label]);
+      case "checkpointing": return [["none", "none: keep all activations"],
+        ["full", "full: keep block inputs"]];
+      case "gpu": return [...Object.keys(DATA.gpus).map((k) => [k, k]), ["custom", "other…"]];
+      case "strategy": return [["all", "all five"], ...DATA.strategies.map((k) => [k,
+        DATA.labels[k]])];
+    }
+    return [];
+  }
+
+  let counter = 0;
+  const el = (tag, attrs = {}, kids = []) => {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) {
+      if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+    }
+    for (const k of kids) e.append(k);
+    return e;
+  };
+
+  function field(id, key, label, kind) {
+    const input = kind === "select" ? el("select", { id, name: key })
+      : el("input", { id, name: key, type: "text",
+        inputmode: kind === "num" ? "decimal" : "numeric", autocomplete: "off" });
+    if (kind === "select") {
+      for (const [v, t] of options(key)) input.append(el("option", { value: v, text: t }));
+    }
+    return el("div", { class: "mw-field", "data-field": key }, [el("label", { for: id,
+      text: label }), input]);
+  }
+
+  /** Build one widget inside `root` (data-widget="full" or "compact"). */
+  function mount(root) {
+    const compact = root.dataset.widget === "compact", uid = "mw" + (++counter);
+    const form = el("form", { "aria-label": compact ? "Will it fit?" : "Memory calculator",
+      novalidate: "" });
+    const inputs = {};
+    for (const [key, label, kind, inCompact] of FIELDS) {
+      if (compact && !inCompact) continue;
+      const f = field(`${uid}-${key}`, key, label, kind);
+      form.append(f);
+      inputs[key] = f.querySelector("input,select");
+      if (key === "preset") {
+        const set = el("fieldset", { "data-arch": "" }, [el("legend",
+          { text: "Custom shape (Llama-style: SwiGLU MLP, RMSNorm, no biases)" })]);
+        for (const [k, l] of ARCH) {
+          const g = field(`${uid}-${k}`, k, l, "int");
+          set.append(g);
+          inputs[k] = g.querySelector("input");
+        }
+        const tied = el("input", { id: `${uid}-tied`, name: "tied", type: "checkbox" });
+        set.append(el("label", { for: `${uid}-tied`, class: "mw-check" }, [tied,
+          "tied embeddings"]));
+        inputs.tied = tied;
+        form.append(set);
+      }
+    }
+    const errors = el("div", { class: "mw-errors", role: "alert", "aria-live": "assertive" });
+    const out = el("div", { class: "mw-out", "aria-live": "polite" });
+    const foot = el("p", { class: "mw-foot" });
+    root.replaceChildren(form, errors, out, foot);
+
+    const raw = () => {
+      const r = { ...DEFAULTS };
+      for (const [k, i] of Object.entries(inputs)) {
+        r[k] = i.type === "checkbox" ? i.checked : i.value;
+      }
+      return r;
+    };
+    const fromUrl = () => {
+      // the query string carries the inputs (a #fragment would read as a missing anchor)
+      const h = location.search.replace(/^\?/, "") || location.hash.replace(/^#/, "");
+      const p = new URLSearchParams(h), r = { ...DEFAULTS };
+      for (const k of Object.keys(r)) if (p.has(k)) r[k] = p.get(k);
+      return r;
+    };
+    const set = (r) => {
+      for (const [k, i] of Object.entries(inputs)) {
+        if (i.type === "checkbox") i.checked = r[k] === true || r[k] === "1";
+        else i.value = r[k];
+      }
+    };
+    const link = (r, base) => {
+      const p = new URLSearchParams();
+      for (const k of Object.keys(DEFAULTS)) {
+        if (r.preset !== "custom" && ARCH.some(([a]) => a === k)) continue;
+        if (k === "tied" && r.preset !== "custom") continue;
+        if (k === "gib" && r.gpu !== "custom") continue;
+        if (k === "params" && r.preset !== "count") continue;
+        p.set(k, r[k] === true ? "1" : r[k] === false ? "" : r[k]);
+      }
+      return base + "?" + p.toString();
+    };
+
+    const update = (push) => {
+      const r = raw();
+      const custom = r.preset === "custom";
+      form.querySelector("[data-arch]").hidden = !custom;
+      const counted = r.preset === "count";
+      form.querySelector('[data-field="params"]').hidden = !counted;
+      for (const k of ["seq_len", "micro_batch", "checkpointing"]) {
+        const f = form.querySelector(`[data-field="${k}"]`);
+        if (f) f.hidden = counted;
+      }
+      const gib = form.querySelector('[data-field="gib"]');
+      if (inputs.gpu.value !== "custom") {
+        gib.hidden = true;
+      } else gib.hidden = false;
+      const parsed = M.parse(r);
+      const calculator = root.dataset.calculator;
+      const url = link(r, calculator || location.href.split(/[?#]/)[0]);
+      if (push && !compact) history.replaceState(null, "", url.slice(url.indexOf("?")));
+      if (parsed.errors) {
+        errors.replaceChildren(...parsed.errors.map((m) => el("p", { text: m })));
+        out.replaceChildren(el("p", { class: "mw-summary", text:
+          "No result until the form is corrected (see above)." }));
+        return;
+      }
+      errors.replaceChildren();
+      const rep = M.fitReport(parsed.cfg);
+      out.replaceChildren(...render(rep, parsed.cfg, compact, url, out.clientWidth));
+    };
+    set(fromUrl());
+    if (inputs.preset.value === "") inputs.preset.value = DEFAULTS.preset;
+    inputs.preset.addEventListener("change", () => {  // a custom shape starts from the preset
+      const a = DATA.presets[inputs.preset.value];
+      if (!a) return;
+      for (const [k] of ARCH) if (inputs[k]) inputs[k].value = a[k] === null ? "" : String(a[k]);
+      if (inputs.tied) inputs.tied.checked = a.tied_embeddings;
+    });
+    form.addEventListener("input", () => update(true));
+    form.addEventListener("change", () => update(true));
+    form.addEventListener("submit", (e) => { e.preventDefault(); update(true); });
+    window.addEventListener("popstate", () => { set(fromUrl()); update(false); });
+    foot.textContent = `Computed in your browser by a port of guide.memory (model sources ` +
+      `${DATA.source_hash}, checked against the Python model on ${DATA.checked_configs} ` +
+      `configurations). Not counted: all-gather/reduce-scatter buffers, CUDA context, NCCL, ` +
+      `allocator fragmentation — keep headroom for them.`;
+    update(false);
+  }
+
+  function render(rep, cfg, compact, url, width) {
+    const gpuName = cfg.gpu || `${cfg.gib} GiB GPU`;
+    const fits = rep.rows.filter((r) => r.fits);
+    const n = cfg.world_size;
+    const summary = el("p", { class: "mw-summary" });
+    summary.append(`${Number(rep.parameters).toLocaleString("en-US")} parameters on ` +
+      `${n.toLocaleString("en-US")} × ${gpuName} (${formatBytes(rep.capacity)} each): `);
+    summary.append(el("strong", { text: fits.length ? "fits with " +
+      fits.map((r) => DATA.short[r.strategy]).join(", ")
+      : "fits with none of them" }), ". Smallest N that fits: " +
+      Object.entries(rep.smallest_world_size).map(([k, v]) => `${DATA.short[k]} ` +
+        (v === null ? "none" : v.toLocaleString("en-US"))).join(", ") + ".");
+    if (cfg.params !== undefined) {
+      summary.append(" Activations are not priced: a parameter count has no shape (choose a " +
+        "preset or a custom shape); sharded parts are ideal 1/N shares.");
+    }
+    const head = compact ? ["strategy", "per GPU", "fits", "headroom", "smallest N"]
+      : ["strategy", ...PARTS.map((p) => PART_HEADS[p]), "total", "fits", "headroom",
+        "smallest N"];
+    const table = el("table", {}, [el("caption", { text:
+      `Predicted bytes per GPU at N = ${n.toLocaleString("en-US")}` })]);
+    table.append(el("thead", {}, [el("tr", {},
+      head.map((h) => el("th", { scope: "col", text: h })))]));
+    const body = el("tbody");
+    for (const r of rep.rows) {
+      const small = rep.smallest_world_size[r.strategy];
+      const smallText = small === null ? `none ≤ ${DATA.world_sizes.at(-1).toLocaleString("en-US")}`
+        : small.toLocaleString("en-US");
+      const tr = el("tr", { "data-strategy": r.strategy });
+      tr.append(el("th", { scope: "row", text: DATA.short[r.strategy] }));
+      if (r.total === null) {
+        const msg = `N = ${n} is not a multiple of the shard group (${cfg.shard_group})`;
+        tr.append(el("td", { colspan: String(head.length - 2), text: msg }));
+      } else {
+        if (!compact) {
+          for (const p of PARTS) tr.append(el("td", { "data-part": p, text: formatBytes(r[p]) }));
+        }
+        tr.append(el("td", { "data-part": "total", text: formatBytes(r.total) }));
+        tr.append(el("td", { class: r.fits ? "mw-yes" : "mw-no", "data-part": "fits",
+          text: r.fits ? "yes" : "no" }));
+        tr.append(el("td", { "data-part": "headroom", text: (r.headroom < 0n ? "short " : "") +
+          formatBytes(r.headroom < 0n ? -r.headroom : r.headroom) }));
+      }
+      tr.append(el("td", { "data-part": "smallest", text: smallText }));
+      body.append(tr);
+    }
+    table.append(body);
+    const nodes = [summary, el("div", { class: "mw-scroll" }, [table])];
+    if (!compact) nodes.push(...chart(rep, width));
+    const share = el("a", { href: url, class: "mw-share" });
+    share.textContent = compact ? "Open in the full calculator →" : "Link to this result";
+    nodes.push(el("p", {}, [share]));
+    return nodes;
+  }
+
+  /** A stacked horizontal bar per strategy, with the GPU's memory as a dashed line. */
+  function chart(rep, width) {
+    const rows = rep.rows.filter((r) => r.total !== null);
+    const max = rows.reduce((m, r) => (r.total > m ? r.total : m), rep.capacity);
+    const W = Math.max(300, Math.min(720, width || 640)), left = 64, right = 8;
+    const barH = 20, gap = 8, top = 6;
+    const H = top + rows.length * (barH + gap) + 18;
+    const NS = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(NS, "svg");
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    svg.setAttribute("role", "img");
+    svg.setAttribute("aria-label", "Bar chart: predicted bytes per GPU by part, per strategy, " +
+      "against the GPU's memory");
+    const x = (b) => left + (W - left - right) * (Number(b) / Number(max));
+    const add = (tag, attrs, text) => {
+      const e = document.createElementNS(NS, tag);
+      for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+      if (text) e.textContent = text;
+      svg.append(e);
+      return e;
+    };
+    rows.forEach((r, i) => {
+      const y = top + i * (barH + gap);
+      add("text", { x: 0, y: y + barH * 0.7 }, DATA.short[r.strategy]);
+      let at = 0n;
+      for (const p of PARTS) {
+        if (r[p] === 0n) continue;
+        const rect = add("rect", { x: x(at), y, width: Math.max(0, x(at + r[p]) - x(at)),
+          height: barH, fill: COLORS[p] });
+        rect.append(Object.assign(document.createElementNS(NS, "title"),
+          { textContent: `${DATA.short[r.strategy]}: ${PART_LABELS[p]} ${formatBytes(r[p])}` }));
+        at += r[p];
+      }
+    });
+    const cx = x(rep.capacity);
+    add("line", { x1: cx, x2: cx, y1: 0, y2: H - 14, stroke: "currentColor",
+      "stroke-dasharray": "4 3", "stroke-width": 1.5 });
+    add("text", { x: Math.min(cx, W - 4), y: H - 2, "text-anchor": "end" },
+      `GPU memory ${formatBytes(rep.capacity)}`);
+    const legend = el("div", { class: "mw-legend", "aria-hidden": "true" });
+    for (const p of PARTS) {
+      const s = el("span", { text: PART_LABELS[p] });
+      s.style.setProperty("--sw", COLORS[p]);
+      legend.append(s);
+    }
+    const wrap = el("div", { class: "mw-chart" });
+    wrap.append(svg);
+    return [wrap, legend];
+  }
+
+  function start() {
+    if (!document.getElementById("memory-widget-css")) {
+      document.head.append(el("style", { id: "memory-widget-css", text: CSS }));
+    }
+    for (const root of document.querySelectorAll(".memory-widget:not([data-mounted])")) {
+      root.setAttribute("data-mounted", "");
+      mount(root);
+    }
+  }
+
+  window.MemoryWidget = { model: M, data: DATA, formatBytes, start };
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

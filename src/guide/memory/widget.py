@@ -1,0 +1,152 @@
+"""The browser calculator's stamp: which Python memory model its JavaScript port was checked
+against.
+
+``docs/_static/memory_widget.js`` is a hand port of :mod:`guide.memory.fit` (and of what it calls).
+Its ``DATA`` block is written here: the presets, precisions, optimizers, GPUs and constants the port
+reads (so they cannot drift from Python's), and :func:`source_hash`, a hash of the Python model's
+sources. ``tests/test_calculator_widget.py`` proves the port equal to the Python model on
+:data:`CHECKED_CONFIGS` configurations; :func:`check` (run by the memory calculator page, so by
+every docs build, and by ``tests/memory/test_widget.py``) fails when the model's sources or data
+changed since the stamp was written, naming the fix.
+
+``python -m guide.memory.widget`` rewrites the stamp (after the port is updated and the browser
+test passes); ``--check`` only checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import guide
+from guide import dtensor
+from guide.memory import activations, architectures, fit, predicted, state
+from guide.memory.activations import CHECKPOINTING
+from guide.memory.architectures import PRESETS
+from guide.memory.fit import (
+    DEFAULT_SHARD_GROUP,
+    FIT_LABELS,
+    FIT_STRATEGIES,
+    FIT_WORLD_SIZES,
+    GPU_BYTES,
+)
+from guide.memory.predicted import PRECISIONS
+from guide.training import OPTIMIZERS
+
+__all__ = ["CHECKED_CONFIGS", "WIDGET_JS", "StaleWidget", "check", "data", "main", "render",
+           "source_hash"]
+
+#: The widget's file in a source checkout.
+WIDGET_JS = Path(guide.__file__).resolve().parents[2] / "docs" / "_static" / "memory_widget.js"
+#: How many configurations the browser test compares (the widget states it).
+CHECKED_CONFIGS = 320
+#: Short names the widget's table and chart use.
+SHORT = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp2_no_reshard": "ZeRO-2", "fsdp2": "FSDP2",
+         "hsdp": "HSDP"}
+_BEGIN, _END = "// DATA-BEGIN", "// DATA-END"
+
+
+class StaleWidget(RuntimeError):
+    """The browser calculator was checked against another version of the Python model."""
+
+
+def source_hash() -> str:
+    """12 hex digits of SHA-256 over the Python sources the port mirrors (line endings
+    normalised): the memory model's modules and ``guide.dtensor.chunk_sizes``."""
+    digest = hashlib.sha256()
+    for module in (fit, predicted, activations, architectures, state):
+        digest.update(Path(module.__file__).read_bytes().replace(b"\r\n", b"\n"))
+    digest.update(inspect.getsource(dtensor.chunk_sizes).encode())
+    return digest.hexdigest()[:12]
+
+
+def data() -> dict:
+    """Everything the port reads besides its formulas, and the stamp."""
+    return {
+        "source_hash": source_hash(),
+        "checked_configs": CHECKED_CONFIGS,
+        "strategies": list(FIT_STRATEGIES),
+        "labels": {k: FIT_LABELS[k] for k in FIT_STRATEGIES},
+        "short": SHORT,
+        "default_shard_group": DEFAULT_SHARD_GROUP,
+        "world_sizes": list(FIT_WORLD_SIZES),
+        "ddp_buckets": True,
+        "checkpointing": list(CHECKPOINTING),
+        "korthikanti": {"sbh": int(activations.KORTHIKANTI_SBH),
+                        "scores": int(activations.KORTHIKANTI_SCORES),
+                        "bytes": activations.KORTHIKANTI_BYTES},
+        "gpus": GPU_BYTES,
+        "precisions": {k: {"label": p.label, "param": p.param, "grad": p.grad,
+                           "moment": p.moment, "master": p.master, "compute": p.compute}
+                       for k, p in PRECISIONS.items()},
+        "optimizers": {k: {"label": o.label, "moments": o.moments, "step_bytes": o.step_bytes}
+                       for k, o in OPTIMIZERS.items()},
+        "presets": {k: {"vocab": a.vocab, "hidden": a.hidden, "layers": a.layers,
+                        "heads": a.heads, "kv_heads": a.kv_heads, "mlp": a.mlp,
+                        "tied_embeddings": a.tied_embeddings, "gated_mlp": a.gated_mlp,
+                        "bias": a.bias, "layernorm": a.layernorm,
+                        "learned_positions": a.learned_positions,
+                        "max_seq_len": a.max_seq_len} for k, a in PRESETS.items()},
+    }
+
+
+def _block(values: dict) -> str:
+    return f"{_BEGIN} (written by `python -m guide.memory.widget`; do not edit by hand)\n" \
+           f"  const DATA = {_indent(json.dumps(values, sort_keys=True, indent=1))};\n  {_END}"
+
+
+def _indent(text: str) -> str:
+    return text.replace("\n", "\n  ")
+
+
+def render(js: str) -> str:
+    """``js`` with its DATA block replaced by the current one."""
+    pattern = re.compile(re.escape(_BEGIN) + r".*?" + re.escape(_END), re.S)
+    if len(pattern.findall(js)) != 1:
+        raise ValueError(f"the widget has no single {_BEGIN} ... {_END} block.")
+    return pattern.sub(lambda _: _block(data()), js)
+
+
+def check(path: Path = WIDGET_JS) -> str:
+    """The stamp (:func:`source_hash`) if ``path`` carries the current model's DATA block; else
+    :class:`StaleWidget` naming the fix."""
+    if not path.is_file():
+        raise StaleWidget(f"no browser calculator at {path}.")
+    js = path.read_text()
+    if render(js) != js:
+        match = re.search(r'"source_hash": "([0-9a-f]+)"', js)
+        raise StaleWidget(
+            f"the Python memory model changed (sources {source_hash()}, the widget was checked "
+            f"against {match.group(1) if match else 'nothing'}): update docs/_static/"
+            "memory_widget.js's port of guide.memory.fit if a formula changed, run `python -m "
+            "guide.memory.widget` to stamp it, and rerun `nox -s browser` "
+            "(tests/test_calculator_widget.py) to prove it equal to the Python model.")
+    return source_hash()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stamp the widget (or ``--check`` it); exit 1 with the fix when stale."""
+    p = argparse.ArgumentParser(prog="python -m guide.memory.widget", description=__doc__)
+    p.add_argument("--check", action="store_true", help="only check; exit 1 if stale")
+    p.add_argument("--path", type=Path, default=WIDGET_JS)
+    args = p.parse_args(argv)
+    if args.check:
+        try:
+            print(f"widget current: model sources {check(args.path)}")
+        except StaleWidget as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        return 0
+    args.path.write_text(render(args.path.read_text()))
+    print(f"stamped {args.path} with model sources {source_hash()}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
