@@ -103,7 +103,7 @@ print(table([(s.shape, s.dtype, s.nbytes) for s in saved.storages],
 terms = tinylm_terms(BASE, S, B)
 derived = tinylm_layer_bytes(BASE, S, B)
 shape = f"s={S} b={B} h={BASE.d_model} a={BASE.n_heads}"
-checks.expect(saved.nbytes == derived, "activation formula", f"SDPA, {shape}",
+checks.expect("activation formula", f"SDPA, {shape}", saved.nbytes == derived,
               f"measured {saved.nbytes:,} B, derived {derived:,} B")
 derived = ledger.claim(f"tinylm.block.sdpa.s{S}-b{B}.saved_bytes",
                        derived, "bytes", guard="asserted: activation formula",
@@ -137,8 +137,8 @@ for attention in ("sdpa", "explicit"):
                           attention=attention)
         measured = saved_by_block(cfg, b, s)[0].nbytes
         derived = tinylm_layer_bytes(cfg, s, b)
-        checks.expect(measured == derived, "activation formula",
-                      f"{attention}, s={s} b={b} h={h} a={a}",
+        checks.expect("activation formula", f"{attention}, s={s} b={b} h={h} a={a}",
+                      measured == derived,
                       f"measured {measured:,} B, derived {derived:,} B")
         korth = korthikanti_layer_bytes(s, b, h, a, fused_attention=attention == "sdpa")
         rows.append((attention, s, b, h, a, measured, derived, korth,
@@ -303,19 +303,20 @@ want_ckpt = L * checkpointed_layer_bytes(CFG.d_model, SEQ, MICRO, 4)
 for rank, res in enumerate(results):
     run = f"FSDP2 x{N}, rank {rank}"
     if res["plain"]["device"] == "cpu":
-        checks.expect(res["plain"]["saved"] == want_plain, "activation formula", run,
+        checks.expect("activation formula", run, res["plain"]["saved"] == want_plain,
                       f"plain blocks saved {res['plain']['saved']:,} B, formula "
                       f"{want_plain:,} B")
-    checks.expect(res["checkpointed"]["saved"] == want_ckpt,
-                  "checkpointing keeps inputs", run,
+    checks.expect("checkpointing keeps inputs", run,
+                  res["checkpointed"]["saved"] == want_ckpt,
                   f"checkpointed blocks saved {res['checkpointed']['saved']:,} B, "
                   f"{L} block inputs are {want_ckpt:,} B")
     checks.assert_losses_match(f"checkpointed, {run}", res["plain"]["losses"],
                                res["checkpointed"]["losses"], tol=0.0)
     checks.assert_params_match(f"checkpointed, {run}", res["plain"]["state"],
                                res["checkpointed"]["state"], tol=0.0)
-    checks.expect(res["checkpointed"]["forwards_per_step"] == 2 * L
-                  and res["plain"]["forwards_per_step"] == L, "one extra forward", run,
+    checks.expect("one extra forward", run,
+                  res["checkpointed"]["forwards_per_step"] == 2 * L
+                  and res["plain"]["forwards_per_step"] == L,
                   "block forwards per step: plain "
                   f"{res['plain']['forwards_per_step']}, "
                   f"checkpointed {res['checkpointed']['forwards_per_step']} "
@@ -330,8 +331,9 @@ drop = checks.assert_learns("FSDP2, checkpointed", ckpt["losses"])
 saved_drop = plain["saved"] - ckpt["saved"]
 rss_drop = plain["after_forward"] - ckpt["after_forward"]
 if plain["device"] == "cpu":
-    checks.expect(abs(rss_drop - saved_drop) <= RESOLUTION_BYTES, "resident memory agrees",
-                  f"FSDP2 x{N}, rank 0", f"resident memory after the forward drops by "
+    checks.expect("resident memory agrees", f"FSDP2 x{N}, rank 0",
+                  abs(rss_drop - saved_drop) <= RESOLUTION_BYTES,
+                  f"resident memory after the forward drops by "
                   f"{rss_drop / MiB:.2f} MiB, the hooks count {saved_drop / MiB:.2f} "
                   "MiB "
                   f"(resolution {RESOLUTION_BYTES / MiB:.0f} MiB)")
@@ -408,8 +410,8 @@ per_layer = tinylm_layer_bytes(CFG, SEQ, MICRO)
 per_input = checkpointed_layer_bytes(CFG.d_model, SEQ, MICRO, 4)
 for mode, per in (("plain", per_layer), ("checkpointed", per_input)):
     for depth, got in zip(DEPTHS, depth_saved[mode]):
-        checks.expect(got == depth * per, "activations against depth",
-                      f"{mode}, {depth} blocks",
+        checks.expect("activations against depth", f"{mode}, {depth} blocks",
+                      got == depth * per,
                       f"measured {got:,} B, formula {depth * per:,} B")
 per_block = {mode: ac_claim(f"{mode}.saved_per_block", round(per / MiB, 3), "MiB",
                             "activations against depth", depths=DEPTHS)
@@ -430,8 +432,8 @@ for mode, per, color in (("plain", per_layer, "#d62728"),
 ax.set_xticks(DEPTHS)
 ax.set_xlabel("transformer blocks")
 ax.set_ylabel("activations saved for backward (MiB)")
-checks.expect(round(per_layer / per_input, 1) == less, "checkpointing keeps inputs",
-              "per block",
+checks.expect("checkpointing keeps inputs", "per block",
+              round(per_layer / per_input, 1) == less,
               f"{per_layer / per_input:.1f}x per block, {less}x for the rank")
 ax.set_title(f"Checkpointing every block: {less:.1f}x less activation memory")
 ax.legend(fontsize=9)
@@ -472,7 +474,7 @@ LT = {k: constants.cite(ledger, f"lightning.fsdp_guide.{k}")
 zero = PRECISIONS["zero_mixed"]
 zero_bpp = state_bytes_for_count(1, "ddp", 1, "zero_mixed", "adamw",
                                  ddp_buckets=False).model_state
-checks.expect(zero_bpp == zero.param + zero.grad + ZERO_K, "ZeRO Figure 1", "2 + 2 + K",
+checks.expect("ZeRO Figure 1", "2 + 2 + K", zero_bpp == zero.param + zero.grad + ZERO_K,
               f"zero_mixed keeps {zero_bpp} B/param, ZeRO's K is {ZERO_K}")
 zero_bpp = ledger.claim("adamw.zero_mixed.bytes_per_param", zero_bpp,
                         "bytes per parameter", guard="asserted: ZeRO Figure 1",

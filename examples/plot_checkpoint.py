@@ -359,7 +359,7 @@ def share_read(layout: str, n: int, bytes_read: int) -> float:
     """The fraction of the checkpoint one rank read: about its own piece, 1/shards
     (within half of that: the small records every rank needs come on top)."""
     share, fraction = 1 / shards(layout, n), round(bytes_read / CKPT_BYTES, 2)
-    checks.expect(abs(fraction - share) < share / 2, "reads its share", name(layout, n),
+    checks.expect("reads its share", name(layout, n), abs(fraction - share) < share / 2,
                   f"one rank read {fraction:.0%} of the checkpoint, its share is "
                   f"{share:.0%}.")
     target = name(layout, n).lower().replace(" ", "_")
@@ -438,7 +438,7 @@ for (layout, n), res in results.items():
     tolerance = "0 (bitwise)" if same else f"{TOL:.0e}"
     rows.append([name(layout, n), tolerance, loss_gap, param_gap])
 forgot_gap = worst(params_after, forgot["resumed"], "model.")
-checks.expect(not forgot_gap <= TOL, RESUMES, "optimizer state forgotten",
+checks.expect(RESUMES, "optimizer state forgotten", not forgot_gap <= TOL,
               f"max |Δ| {forgot_gap:.1e} passes the tolerance {TOL:.0e}: the check "
               "cannot tell.")
 rows.append(["1 process, optimizer state not loaded", f"{TOL:.0e}",
@@ -477,13 +477,13 @@ expected = ledger.claim("checkpoint.rank_file.params_and_optimizer_bytes",
                         guard="asserted: checkpoint size", precision="fp32", **SAVED)
 steps_bytes = len(SHAPES) * OPTIMIZERS["adamw"].step_bytes
 for r, held in enumerate(usage.tensor_bytes):
-    checks.expect(expected - steps_bytes <= held <= expected, "checkpoint size",
-                  f"rank {r}",
+    checks.expect("checkpoint size", f"rank {r}",
+                  expected - steps_bytes <= held <= expected,
                   f"{held:,} tensor bytes on disk; the model says {expected:,} "
                   f"(less up to {steps_bytes:,} of step counters).")
 on_disk = sum(usage.tensor_bytes)
-checks.expect(on_disk == SOURCE_N * expected - (SOURCE_N - 1) * steps_bytes,
-              "checkpoint size", "all ranks",
+checks.expect("checkpoint size", "all ranks",
+              on_disk == SOURCE_N * expected - (SOURCE_N - 1) * steps_bytes,
               f"{on_disk:,} tensor bytes; expected {SOURCE_N} x {expected:,} less "
               f"{SOURCE_N - 1} x {steps_bytes:,} of step counters.")
 METADATA = ledger.claim("checkpoint.metadata_bytes", usage.metadata_bytes, "bytes",
@@ -515,14 +515,16 @@ with torch.device("meta"):  # shapes only
 whole = per_rank_state_bytes(big_shapes, "ddp", 1, "fp32", "adamw", ddp_buckets=False)
 share = per_rank_state_bytes(big_shapes, "fsdp2", SOURCE_N, "fp32", "adamw",
                              ddp_buckets=False)
-checks.expect(big["full_held"] == whole.params + whole.optimizer, "full state dict",
-              "rank 0", f"held {big['full_held']:,} bytes; the whole model state is "
+checks.expect("full state dict", "rank 0",
+              big["full_held"] == whole.params + whole.optimizer,
+              f"held {big['full_held']:,} bytes; the whole model state is "
               f"{whole.params + whole.optimizer:,}.")
-checks.expect(big["peak_full"] >= big["full_held"] - RESOLUTION_BYTES, "full state dict",
-              "rank 0", f"peak {big['peak_full']:,} bytes, below the {big['full_held']:,} it "
+checks.expect("full state dict", "rank 0",
+              big["peak_full"] >= big["full_held"] - RESOLUTION_BYTES,
+              f"peak {big['peak_full']:,} bytes, below the {big['full_held']:,} it "
               f"held by more than RESOLUTION_BYTES = {RESOLUTION_BYTES:,}.")
-checks.expect(big["peak_sharded"] < 1.5 * (share.params + share.optimizer),
-              "sharded save", "rank 0",
+checks.expect("sharded save", "rank 0",
+              big["peak_sharded"] < 1.5 * (share.params + share.optimizer),
               f"peak {big['peak_sharded']:,} bytes, not below 1.5 x its share "
               f"{share.params + share.optimizer:,}.")
 ON_BIG = dict(model="checkpoint-big", optimizer="adamw", precision="fp32",
@@ -588,8 +590,9 @@ load(model, opt, ROOT / "async", no_dist=True)
 checks.assert_params_match("async_save, then training went on", src["saved"],
                            checkpoint.gathered_state(model, opt), 0.0,
                            check="async checkpoint")
-checks.expect(big["async_blocked_s"] < big["save_s"], "async_save",
-              f"BIG, FSDP2 x{SOURCE_N}", f"blocked {big['async_blocked_s']:.3f} s, the "
+checks.expect("async_save", f"BIG, FSDP2 x{SOURCE_N}",
+              big["async_blocked_s"] < big["save_s"],
+              f"blocked {big['async_blocked_s']:.3f} s, the "
               f"blocking save {big['save_s']:.3f} s.")
 blocked = {how: ledger.claim(f"checkpoint.big.{how}.blocked_ms", round(big[key] * 1e3),
                              "ms", guard="asserted: async_save", **ON_BIG)
@@ -605,13 +608,15 @@ print(f"BIG, rank 0: training blocked {blocked['save']} ms by dcp.save, "
 reference_init = full_state(build_model(CFG, seed=0))
 trap_gap = max((meta[0]["trap"][k] - v).abs().max().item()
                for k, v in reference_init.items())
-checks.expect(trap_gap > 0.0 or len(meta) == 1, "meta-device trap",
-              "reset_parameters on shards", "the trap did not reproduce: the model "
+checks.expect("meta-device trap", "reset_parameters on shards",
+              trap_gap > 0.0 or len(meta) == 1,
+              "the trap did not reproduce: the model "
               "equals the single-process init.")
 same_everywhere = all(torch.equal(m["trap_local"][k], meta[0]["trap_local"][k])
                       for m in meta for k in m["trap_local"])
-checks.expect(same_everywhere or meta[0]["device"] != "cpu", "meta-device trap",
-              "CPU mesh", "the ranks' local shards differ: DTensor's CPU random ops "
+checks.expect("meta-device trap", "CPU mesh",
+              same_everywhere or meta[0]["device"] != "cpu",
+              "the ranks' local shards differ: DTensor's CPU random ops "
               "changed.")
 checks.assert_params_match("meta + broadcast_from_rank0", reference_init,
                            meta[0]["fixed"], 0.0, check="meta-device init")

@@ -236,9 +236,9 @@ PHASES = {"AG forward": ("all_gather", "forward"),
 print(table([[name, *(row["phases"][key] / STEPS for key in PHASES.values())]
              for name, row in stats.items()],
             ["run", *PHASES], formats=dict.fromkeys(PHASES, "g")))
-checks.expect(all(sum(row["phases"][key] for key in PHASES.values())
+checks.expect("comm phases", f"x{WORLD_SIZE}",
+              all(sum(row["phases"][key] for key in PHASES.values())
                   == sum(row["calls"].values()) for row in stats.values()),
-              "comm phases", f"x{WORLD_SIZE}",
               "a collective ran in a phase the table above does not show.")
 
 # %%
@@ -272,7 +272,7 @@ for claim, run, key, want, assumptions in CLAIMS:
         said[claim] = got
         continue
     if want is not None:
-        checks.expect(abs(got / want - 1) <= checks.ELEMENT_TOL, "comm ratio", claim,
+        checks.expect("comm ratio", claim, abs(got / want - 1) <= checks.ELEMENT_TOL,
                       f"measured {got:.3f}x at {WORLD_SIZE} ranks, more than "
                       f"{checks.ELEMENT_TOL:.0%} from {want}x.")
     guard = "computed" if want is None else "asserted: comm ratio"

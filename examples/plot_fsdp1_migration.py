@@ -406,7 +406,7 @@ rows = []
 for (row, side), ranks in ROWS_RUN.items():
     for r, result in enumerate(ranks):
         got, want = result["state"], predicted_bytes(row, side, r)
-        checks.expect(got == want, "memory", f"{row}, {side}, rank {r}",
+        checks.expect("memory", f"{row}, {side}, rank {r}", got == want,
                       f"measured {got}, model {want}")
     s = ranks[0]["state"]
     total = ledger.claim(f"fsdp1_migration.memory.{row.lower()}.{side.lower()}.total",
@@ -497,7 +497,7 @@ print(table([[f"{side}: {how}", len(keys[side]), keys[side]["blocks.0.qkv.weight
                                ("FSDP2", "get_state_dict"))],
             ["model state dict", "keys", "blocks.0.qkv.weight is a"]))
 differ = sorted(set(keys["FSDP1"]) ^ set(keys["FSDP2"]))
-checks.expect(not differ, "state-dict keys", "FSDP1 vs FSDP2", f"differ: {differ}")
+checks.expect("state-dict keys", "FSDP1 vs FSDP2", not differ, f"differ: {differ}")
 print(f"\nThe {len(keys['FSDP2'])} state-dict keys are the same on both sides, e.g. "
       f"{sorted(keys['FSDP2'])[:3]}.")
 
@@ -522,7 +522,7 @@ def gap_before(names: list[str], what: str) -> float:
     """How far FSDP2's fresh model was from FSDP1's trained one: the load must close a
     real gap."""
     gap = max((ckpt["fsdp1"][k] - ckpt["before"][k]).abs().max().item() for k in names)
-    checks.expect(gap > 0.0, "checkpoint load", f"FSDP2 {what} before loading",
+    checks.expect("checkpoint load", f"FSDP2 {what} before loading", gap > 0.0,
                   "already equal to FSDP1's: the load cannot be told from no load.")
     return ledger.claim(f"fsdp1_migration.checkpoint.{what}_gap_before_load",
                         float(f"{gap:.2e}"), "absolute",

@@ -191,12 +191,12 @@ count = {key: {kind: sum(c.kind == kind for c in res[0]["collectives"])
 for strategy, kind in REDUCE.items():
     skipped, every = count[strategy, True][kind], count[strategy, False][kind]
     per_backward = n_units if strategy is Strategy.FSDP2 else skipped
-    checks.expect(skipped >= 1 and every == K * skipped and per_backward == skipped,
-                  "sync skipped", f"{strategy.label} x{WORLD_SIZE}",
+    checks.expect("sync skipped", f"{strategy.label} x{WORLD_SIZE}",
+                  skipped >= 1 and every == K * skipped and per_backward == skipped,
                   f"{kind} per optimizer step is {skipped} with skipping and {every} "
                   f"without; expected {per_backward} and {K} x {per_backward}.")
 gathers = [count[Strategy.FSDP2, skip]["all_gather"] for skip in (True, False)]
-checks.expect(gathers[0] == gathers[1], "sync skipped", f"FSDP2 x{WORLD_SIZE}",
+checks.expect("sync skipped", f"FSDP2 x{WORLD_SIZE}", gathers[0] == gathers[1],
               "skipping the gradient sync changed the number of all-gathers.")
 print(table([[label(*key),
               *(ledger.claim(claim_name(*key, f"{kind}s_per_optimizer_step"), c[kind],
@@ -230,8 +230,9 @@ for key, res in results.items():
     want = sum(expected[key])
     small = sum(b for b in expected[key] if b < MMAP_THRESHOLD)
     got = checked[key] = held[key] if key[0] is Strategy.FSDP2 else visible[key]
-    checks.expect(abs(got - want) <= 0.1 * want + small, "gradient memory",
-                  f"{label(*key)} x{WORLD_SIZE}", f"one micro-batch left "
+    checks.expect("gradient memory", f"{label(*key)} x{WORLD_SIZE}",
+                  abs(got - want) <= 0.1 * want + small,
+                  f"one micro-batch left "
                   f"{got / MiB:.2f} MiB of gradients behind, expected "
                   f"{want / MiB:.2f} MiB.")
     checked[key] = ledger.claim(claim_name(*key, "gradient_memory_held"),
@@ -240,8 +241,9 @@ for key, res in results.items():
     rows.append([label(*key), held[key] / MiB, visible[key] / MiB,
                  ledger.claim(claim_name(*key, "gradient_memory_held.expected"),
                               round(want / MiB, 2), "MiB", **SETUP)])
-checks.expect(visible[Strategy.FSDP2, True] == 0, "gradient memory",
-              f"FSDP2 x{WORLD_SIZE} without sync", ".grad was set before the last "
+checks.expect("gradient memory", f"FSDP2 x{WORLD_SIZE} without sync",
+              visible[Strategy.FSDP2, True] == 0,
+              ".grad was set before the last "
               "micro-batch; the page says FSDP2 holds the gradients internally.")
 COLUMNS = ["held (measured) MiB", "in .grad MiB", "expected MiB"]
 print(table(rows, ["run", *COLUMNS], formats=dict.fromkeys(COLUMNS, ".2f")))

@@ -87,8 +87,8 @@ clipped = sum(n > MAX_NORM for n in REF["norms"])
 effect = max((REF_PARAMS[k] - UNCLIPPED_PARAMS[k]).abs().max().item()
              for k in REF_PARAMS)
 checks.assert_learns("clipped reference", REF["losses"])
-checks.expect(clipped > 0 and effect > 100 * checks.PARAM_TOL["sgd"],
-              "clipping is active", "reference",
+checks.expect("clipping is active", "reference",
+              clipped > 0 and effect > 100 * checks.PARAM_TOL["sgd"],
               f"{clipped} clipped steps, effect {effect:.1e}; lower MAX_NORM.")
 setting = dict(model="tinylm-main", optimizer="sgd", steps=STEPS, max_norm=MAX_NORM)
 ledger.claim("gradient_clipping.max_norm", MAX_NORM, "gradient 2-norm")
@@ -123,8 +123,9 @@ results = guide.launch(fsdp2_worker, WORLD_SIZE)
 # are not the norm: their squares add up to its square.
 run = f"FSDP2 x{WORLD_SIZE}, SGD, clip {MAX_NORM}"
 for r, res in enumerate(results):  # torch 2.9 returns a partial norm (pytorch #170862)
-    checks.expect(res["norm_placements"] == "(Replicate(),)"
-                  or res["norm_placements"].startswith("(_NormPartial("), "clip norm", run,
+    checks.expect("clip norm", run,
+                  res["norm_placements"] == "(Replicate(),)"
+                  or res["norm_placements"].startswith("(_NormPartial("),
                   f"rank {r}'s norm has placements {res['norm_placements']}, neither "
                   "(Replicate(),) nor a partial norm.")
 norm_gap = max(checks.expect_close("clip norm", run, res["norms"], REF["norms"],

@@ -201,8 +201,8 @@ results = {name: [r[name] for r in per_rank] for name in per_rank[0]}
 # learn (:func:`guide.checks.assert_learns`), so that agreeing with it means something. The checks
 # take rank ``r`` to sit at ``(r // SHARDS, r % SHARDS)`` on the mesh; each rank's mesh says so first.
 coordinates = [r["coordinate"] for r in results["sgd"]]  # (replica, shard), by mesh
-checks.expect(coordinates == [(r // SHARDS, r % SHARDS) for r in range(WORLD_SIZE)],
-              "HSDP mesh", "init_device_mesh",
+checks.expect("HSDP mesh", "init_device_mesh",
+              coordinates == [(r // SHARDS, r % SHARDS) for r in range(WORLD_SIZE)],
               f"ranks sit at {coordinates}, not row-major as the checks assume")
 
 
@@ -266,7 +266,7 @@ ADAMW = ("fp32", "adamw")
 predicted = state_bytes_by_rank(shapes, "fsdp2", SHARDS, *ADAMW, ddp_buckets=False)
 for r, result in enumerate(results["adamw"]):
     got, want = result["state"], predicted[r % SHARDS]
-    checks.expect(got == want, "HSDP memory", f"rank {r}",
+    checks.expect("HSDP memory", f"rank {r}", got == want,
                   f"measured {got}, model {want}")
 
 adamw = dict(model="tinylm-main", precision="fp32", optimizer="adamw",
@@ -309,7 +309,7 @@ def spans(records) -> set[tuple[str, int]]:
 records = results["sgd"][0]["collectives"]
 checks.check_volume(f"HSDP {REPLICAS}x{SHARDS}", records, HSDP_STEP, STEPS - 1,
                     exact_calls=("all_gather", "reduce_scatter", "all_reduce"))
-checks.expect(spans(records) == spans(HSDP_STEP), "HSDP groups", "rank 0",
+checks.expect("HSDP groups", "rank 0", spans(records) == spans(HSDP_STEP),
               f"collectives spanned {sorted(spans(records))}, "
               f"model {sorted(spans(HSDP_STEP))}")
 

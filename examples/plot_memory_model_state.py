@@ -166,13 +166,13 @@ for (strategy, n), ranks in measured.items():
             for part in PARTS:
                 g, w = getattr(got, part), getattr(want, part)
                 worst = max(worst, gap(g, w))
-                checks.expect(gap(g, w) <= TOLERANCE, "model-state bytes", run,
+                checks.expect("model-state bytes", run, gap(g, w) <= TOLERANCE,
                               f"{part} measured {g:,} B, predicted {w:,} B "
                               f"({TOLERANCE:.1%} allowed)")
             if strategy.is_fsdp2:
                 bound = (ddp[r][precision, optimizer]["held"].model_state / n
                          + padding_bytes(n, precision, optimizer))
-                checks.expect(got.model_state <= bound, "FSDP2 <= DDP/N + padding", run,
+                checks.expect("FSDP2 <= DDP/N + padding", run, got.model_state <= bound,
                               f"{got.model_state:,} B > {bound:,.0f} B")
 
 n_checks = sum(len(r) for r in measured.values()) * len(RUNS) * len(PARTS)
@@ -244,7 +244,7 @@ for (strategy, n), ranks in measured.items():
         want = (m["held"].params if strategy is Strategy.FSDP2
                 else memory.unsharded_param_bytes(SHAPES, n, precision))
         got = m["after_forward"]
-        checks.expect(got == want, "parameters held after forward", run,
+        checks.expect("parameters held after forward", run, got == want,
                       f"measured {got:,} B, predicted {want:,} B")
 AFTER_FORWARD = dict(MEASURED, guard="asserted: parameters held after forward",
                      world_size=N)

@@ -114,8 +114,8 @@ for (s, n), pts in points.items():
         predicted = memory.per_rank_state_bytes(shapes[depth], s, n, "fp32", "adamw",
                                                 ddp_buckets=True).total
         got = max(r["held"] for r in pt)
-        checks.expect(got == predicted, "held-state prediction",
-                      f"{s} x{n}, {depth} blocks",
+        checks.expect("held-state prediction", f"{s} x{n}, {depth} blocks",
+                      got == predicted,
                       f"measured {got:,} B, predicted {predicted:,} B")
 b_mib = ledger.claim("tinylm.depth.block_params_fp32", round(b, 3), "MiB", **MODEL)
 print(f"one block: b = {b_mib:.3f} MiB of fp32 parameters; the measured state equals "
@@ -135,8 +135,8 @@ def line(run: tuple, phase: str) -> tuple[float, float, float]:
     slope, intercept = np.polyfit(DEPTHS, peak[phase][run], 1)
     resid = np.abs(peak[phase][run] - np.polyval((slope, intercept), DEPTHS)).max()
     rise = peak[phase][run][-1] - peak[phase][run][0]
-    checks.expect(bool(resid <= max(RESID_FLOOR_MIB, RESID_TOL * rise)),
-                  "linear in depth", f"{run[0]} x{run[1]}, {phase}",
+    checks.expect("linear in depth", f"{run[0]} x{run[1]}, {phase}",
+                  bool(resid <= max(RESID_FLOOR_MIB, RESID_TOL * rise)),
                   f"a line misses a point by {resid:.2f} MiB (the peak rises {rise:.1f} MiB)")
     return slope, intercept, resid
 
@@ -145,19 +145,22 @@ fits = {run: (*line(run, "step"), np.polyfit(DEPTHS, held[run], 1)[0],
               line(run, "backward")[0]) for run in RUNS}
 ddp = {n: fits[Strategy.DDP, n][0] for n in NS}
 spread = max(ddp.values()) - min(ddp.values())
-checks.expect(bool(spread <= SLOPE_TOL * min(ddp.values())), "DDP independent of N",
-              "DDP", f"step slopes {ddp} MiB/block")
+checks.expect("DDP independent of N", "DDP",
+              bool(spread <= SLOPE_TOL * min(ddp.values())),
+              f"step slopes {ddp} MiB/block")
 for (s, n), (slope, _, _, held_slope, _) in fits.items():
     expected = state_slope[s, n]
     extra = slope - expected
-    checks.expect(bool(abs(held_slope - expected) <= SLOPE_TOL * expected),
-                  "state slope", f"{s} x{n}", f"held state grows "
+    checks.expect("state slope", f"{s} x{n}",
+                  bool(abs(held_slope - expected) <= SLOPE_TOL * expected),
+                  f"held state grows "
                   f"{held_slope:.3f} MiB/block, the model {expected:.3f}")
-    checks.expect(bool(-SLOPE_TOL * expected <= extra <= REMAINDER_MAX * b),
-                  "step slope", f"{s} x{n}", f"the step's peak grows {slope:.3f} MiB/block, "
+    checks.expect("step slope", f"{s} x{n}",
+                  bool(-SLOPE_TOL * expected <= extra <= REMAINDER_MAX * b),
+                  f"the step's peak grows {slope:.3f} MiB/block, "
                   f"{extra:+.3f} beyond the state's {expected:.3f}: not in "
                   f"[-{SLOPE_TOL:.0%} of it, +{REMAINDER_MAX} b]")
-    checks.expect(bool(slope >= 0.5 * expected), "not flat", f"{s} x{n}",
+    checks.expect("not flat", f"{s} x{n}", bool(slope >= 0.5 * expected),
                   f"slope {slope:.3f} MiB/block")
 
 
@@ -208,14 +211,16 @@ backward_state = {(s, n): 3 * b if s is Strategy.DDP else 2 * b / n for s, n in 
 phase_rows = []
 for (s, n), (step_slope, _, _, _, backward_slope) in fits.items():
     state = backward_state[s, n]
-    checks.expect(bool(-SLOPE_TOL * state <= backward_slope - state <= REMAINDER_MAX * b),
-                  "backward slope", f"{s} x{n}", f"backward's peak grows "
+    checks.expect("backward slope", f"{s} x{n}",
+                  bool(-SLOPE_TOL * state <= backward_slope - state <= REMAINDER_MAX * b),
+                  f"backward's peak grows "
                   f"{backward_slope:.3f} MiB/block, its state {state:.3f}")
-    checks.expect(bool(step_slope > backward_slope), "step grows faster", f"{s} x{n}",
+    checks.expect("step grows faster", f"{s} x{n}", bool(step_slope > backward_slope),
                   f"step {step_slope:.3f} <= backward {backward_slope:.3f} MiB/block")
     deepest = {phase: peak[phase][s, n][-1] for phase in PHASES}
-    checks.expect(bool(deepest["step"] > deepest["backward"]), "step holds the peak",
-                  f"{s} x{n}, {DEPTHS[-1]} blocks", f"step {deepest['step']:.1f} MiB <= "
+    checks.expect("step holds the peak", f"{s} x{n}, {DEPTHS[-1]} blocks",
+                  bool(deepest["step"] > deepest["backward"]),
+                  f"step {deepest['step']:.1f} MiB <= "
                   f"backward {deepest['backward']:.1f} MiB")
     phase_rows.append((f"{s} x{n}", *(
         slope_claim(s, n, what, value, check) for what, value, check in (
@@ -241,8 +246,9 @@ for n in NS:
     r = ddp[n] - 5 * b
     model_ratio = (5 * b + r) / (4 * b / n + r)
     measured_ratio = fits[Strategy.DDP, n][0] / fits[Strategy.FSDP2, n][0]
-    checks.expect(bool(abs(measured_ratio / model_ratio - 1) <= RATIO_TOL),
-                  "growth ratio", f"N={n}", f"DDP's peak grows {measured_ratio:.2f}x "
+    checks.expect("growth ratio", f"N={n}",
+                  bool(abs(measured_ratio / model_ratio - 1) <= RATIO_TOL),
+                  f"DDP's peak grows {measured_ratio:.2f}x "
                   f"faster than FSDP2's; the model says {model_ratio:.2f}x "
                   f"(r = {r:.3f} MiB/block)")
     ratios[n] = tuple(

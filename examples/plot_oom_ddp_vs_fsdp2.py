@@ -110,7 +110,7 @@ START = max(*guide.launch(start_level, 4), *(r["start_vmdata"] for r in ddp_free
 BUDGET_MIB = math.ceil((START + HEADROOM * P) / MiB)
 headroom = BUDGET_MIB * MiB - START
 need = max(r["peak"] for r in ddp_free)
-checks.expect(need > headroom, "DDP out of memory", "DDP x2",
+checks.expect("DDP out of memory", "DDP x2", need > headroom,
               f"peaks at {need / MiB:.0f} MiB, inside the {headroom / MiB:.0f} MiB "
               "headroom: raise the model's size or lower HEADROOM, or DDP's failure "
               "below is not its state")
@@ -142,7 +142,7 @@ def run_under_budget(strategy: Strategy, n: int) -> list[dict] | guide.RankOutOf
 
 
 oom = run_under_budget(Strategy.DDP, 2)
-checks.expect(isinstance(oom, guide.RankOutOfMemory), "DDP out of memory", "DDP x2",
+checks.expect("DDP out of memory", "DDP x2", isinstance(oom, guide.RankOutOfMemory),
               f"trained {STEPS} steps within {BUDGET_MIB} MiB per rank: the budget no "
               "longer separates DDP from FSDP2. Lower HEADROOM.")
 print(str(oom).split("\n\n")[0])
@@ -150,7 +150,7 @@ print(str(oom).split("\n\n")[0])
 fsdp = {n: run_under_budget(Strategy.FSDP2, n) for n in (2, 4)}
 loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
 for n, results in fsdp.items():
-    checks.expect(isinstance(results, list), "FSDP2 fits", f"FSDP2 x{n}",
+    checks.expect("FSDP2 fits", f"FSDP2 x{n}", isinstance(results, list),
                   f"ran out of memory under {BUDGET_MIB} MiB per rank: "
                   f"{str(results).splitlines()[0]}")
     gap = checks.assert_losses_match(f"FSDP2 x{n} under {BUDGET_MIB} MiB", ref_losses,
@@ -178,7 +178,7 @@ for (strategy, n), results in runs.items():
     predicted = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", OPTIMIZER,
                                             ddp_buckets=True).total
     measured = max(r["held"] for r in results)
-    checks.expect(measured == predicted, "held-state prediction", f"{strategy} x{n}",
+    checks.expect("held-state prediction", f"{strategy} x{n}", measured == predicted,
                   f"measured {measured:,} B, predicted {predicted:,} B")
     key, peak = f"oom.{strategy.value}.n{n}", max(r["peak"] for r in results)
     held_mib = ledger.claim(f"{key}.held", round(measured / MiB, 1), "MiB",

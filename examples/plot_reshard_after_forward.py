@@ -163,8 +163,9 @@ between = {name: {lay.name: lay for lay in res[0]["between"]}
 print(table([[name, *(layout(lays[p]) for p in shown)]
              for name, lays in between.items()], ["reshard_after_forward", *shown]))
 default = between["None (default)"]
-checks.expect(not default["head.weight"].is_dtensor
-              and default["blocks.0.fc1.weight"].is_dtensor, "default", "None",
+checks.expect("default", "None",
+              not default["head.weight"].is_dtensor
+              and default["blocks.0.fc1.weight"].is_dtensor,
               "expected the root's parameters unsharded (False) and the blocks' "
               "resharded (True) between forward and backward.")
 print("\nThe default (None) keeps the root's parameters unsharded after forward "
@@ -192,7 +193,7 @@ for name, res in results.items():
         k = SETTINGS[name]
         want = ({"forward": n_units, "backward": n_units},
                 {"forward": [WORLD_SIZE], "backward": [k]})
-        checks.expect((counts[name], group_sizes[name]) == want, "all-gathers", run,
+        checks.expect("all-gathers", run, (counts[name], group_sizes[name]) == want,
                       f"{counts[name]}, group sizes {group_sizes[name]}; expected one "
                       f"per unit in each phase, backward over groups of {k}.")
     else:
@@ -200,7 +201,7 @@ for name, res in results.items():
         expected = comm.fsdp2_step(groups, WORLD_SIZE)
         want = sorted((c.phase, c.numel) for c in expected if c.kind == "all_gather")
         got = sorted((c.phase, c.numel) for c in recs)
-        checks.expect(got == want, "all-gathers", run, f"measured (phase, elements) "
+        checks.expect("all-gathers", run, got == want, f"measured (phase, elements) "
                       f"{got}, the semantics require {want}.")
 print(table([[name, *(ledger.claim(claim_name(name, f"all_gathers.{ph}_per_step"),
                                    c[ph], "calls", guard="asserted: all-gathers",
@@ -273,8 +274,8 @@ for name, res in results.items():
     extra_mib[name] = extra / MiB
     peak_mib[name] = max(r["memory"].peak_bytes for r in res) / MiB
     step_ms[name] = statistics.median(r["step_s"] for r in res) * 1e3
-    checks.expect(abs(extra - want) <= allowed, "memory",
-                  f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}",
+    checks.expect("memory", f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}",
+                  abs(extra - want) <= allowed,
                   f"the forward left {extra / MiB:.2f} MiB more than True's, expected "
                   f"{want / MiB:.2f} MiB (the parameters it keeps unsharded) within "
                   f"{allowed / MiB:.2f} MiB.")

@@ -69,8 +69,9 @@ for pub in comm.PUBLISHED_BUS_BANDWIDTH:
     model = comm.bus_bandwidth(pub.topology, pub.nodes * pub.topology.gpus_per_node,
                                algorithm=pub.algorithm)
     published = f"{pub.low / 1e9:.0f}-{pub.high / 1e9:.0f}"
-    checks.expect(pub.low <= model <= comm.BUSBW_FACTOR * pub.high, "busbw model",
-                  pub.what, f"the model gives {model / 1e9:.0f} GB/s, published "
+    checks.expect("busbw model", pub.what,
+                  pub.low <= model <= comm.BUSBW_FACTOR * pub.high,
+                  f"the model gives {model / 1e9:.0f} GB/s, published "
                   f"{published} GB/s; allowed 1-{comm.BUSBW_FACTOR}x ({pub.source}).")
     gpu = {NODE: "h100", comm.A100_NODE: "a100"}[pub.topology]
     ledger.claim(
@@ -223,9 +224,10 @@ for config in CONFIGS:
 print(table(rows, formats={"headroom GiB": ".1f", "comm s": ".2f", "compute s": ".2f",
                            "step s": ".2f", "comm/compute": ".0%"}))
 RUN = "70B time table"
-checks.expect(all(r["step s"] is None for r in rows if r["memory"] == "does not fit"),
-              "feasibility", RUN, "a configuration that does not fit was priced.")
-checks.expect(not any(r["memory"] == "fits" for r in rows), "feasibility", RUN,
+checks.expect("feasibility", RUN,
+              all(r["step s"] is None for r in rows if r["memory"] == "does not fit"),
+              "a configuration that does not fit was priced.")
+checks.expect("feasibility", RUN, not any(r["memory"] == "fits" for r in rows),
               f"a {SEQ:,}-token sequence fits without recomputing, against the prose.")
 never = [c for c in CONFIGS if all(r["memory"] == "does not fit"
                                    for r in rows if r["configuration"] == c)]
@@ -237,7 +239,7 @@ at_any_n = {Strategy.DDP.label: state_bytes(Strategy.DDP, 1),
             Strategy.FSDP2_NO_RESHARD.label: kept,
             **{f"HSDP, shard {s}": state_bytes(Strategy.FSDP2, s) + full_ac
                for s in HSDP_SHARDS}}
-checks.expect(all(at_any_n.get(c, 0) > CAPACITY for c in never), "feasibility", RUN,
+checks.expect("feasibility", RUN, all(at_any_n.get(c, 0) > CAPACITY for c in never),
               f"{never} never fit, but not all hold more than {CAPACITY / GiB:.1f} GiB "
               "at any N.")
 ESTIMATE = dict(model="llama-3-70b", seq_len=SEQ, micro_batch=1, precision=PRECISION,
@@ -280,10 +282,12 @@ BATCH_TOKENS = 2**22  # 4M tokens per optimizer step
 SEQ_SCAN = 4096
 SCAN_NODES = [2**i for i in range(1, 8) if G * 2**i * SEQ_SCAN <= BATCH_TOKENS]
 SCAN_SHARDS = (16, 32, 64)
-checks.expect(all(fit(Strategy.FSDP2, s, SEQ_SCAN)[0] != "does not fit" for s in
-                  SCAN_SHARDS), "feasibility", "HSDP scan", "a shard group won't fit.")
+checks.expect("feasibility", "HSDP scan",
+              all(fit(Strategy.FSDP2, s, SEQ_SCAN)[0] != "does not fit" for s in
+                  SCAN_SHARDS),
+              "a shard group won't fit.")
 unsharded = unsharded_param_bytes(SHAPES, 2 * G, PRECISION)  # bf16 gradients: as much
-checks.expect(unsharded > CAPACITY, "feasibility", "HSDP scan", "unsharded gradients "
+checks.expect("feasibility", "HSDP scan", unsharded > CAPACITY, "unsharded gradients "
               "fit: skipping the reduce-scatter between micro-batches is an option.")
 unsharded = ledger.claim("llama-3-70b.unsharded_params_per_gpu",
                          round(unsharded / GiB, 1), "GiB",
@@ -354,8 +358,9 @@ last = {c: ledger.claim(f"step_time.{claim_key(c)}.comm_share.{SCAN_NODES[-1]}_n
                         round(share[c][-1], 3), "of compute (estimate)",
                         guard="asserted: HSDP scan", **SCAN)
         for c in SCAN_CONFIGS}
-checks.expect(all(last[c] < last[FSDP2] for c in SCAN_CONFIGS[1:]), "HSDP scan",
-              f"{SCAN_NODES[-1]} nodes", f"communication shares {last}: the figure's "
+checks.expect("HSDP scan", f"{SCAN_NODES[-1]} nodes",
+              all(last[c] < last[FSDP2] for c in SCAN_CONFIGS[1:]),
+              f"communication shares {last}: the figure's "
               "title says every HSDP configuration needs less than FSDP2.")
 bound = [k for k, r in zip(SCAN_NODES, share[FSDP2]) if r > 1]
 print("\nEstimates: "
