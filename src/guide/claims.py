@@ -119,13 +119,14 @@ class Contradiction:
 
 
 def shown_text(value: float | int | str, fmt: str | None = None) -> str:
-    """How a value reads on a page: ``format(value, fmt)``, else ints with thousands separators and
-    floats with up to 4 significant digits (``1,314.2`` is not ``1,314``: give ``fmt``)."""
+    """How a value reads on a page: ``format(value, fmt)``, else the number as recorded with
+    thousands separators (``1,356.7``, ``217,728``): pages record numbers rounded as they print them,
+    or give ``fmt``/``shown``."""
     if isinstance(value, str):
         return value
     if fmt is not None:
         return format(value, fmt)
-    return f"{value:,}" if isinstance(value, int) else f"{value:,.4g}"
+    return f"{value:,}"
 
 
 def _rounded(value: float, text: str) -> float:

@@ -9,7 +9,8 @@ A number is **in the ledger** when a claim of the page (or an assumption of one 
 ``world_size=2`` covers the 2 of "2 ranks") equals it to the precision it is shown with: ``0.83``
 matches 0.8306, ``24.7%`` matches 0.247 or 24.7, ``7,560`` matches 7,559.6 but ``7,559.6`` does not
 match 7,560. Record a number in the unit the page prints it in. The ledger page
-(``pages/ledger``) is checked against the whole ledger.
+(``pages/ledger``) is checked against the whole ledger, the text of its guards (cited sources)
+included.
 
 **Exemptions** (the grammar, in order; nothing else is exempt):
 
@@ -195,12 +196,17 @@ def _value(m: re.Match) -> tuple[float, float, bool]:
     return value, 0.5 * 10.0 ** -decimals * scale, bool(m.group("pct"))
 
 
-def _candidates(records: Iterable[Claim]) -> list[float]:
+def _candidates(records: Iterable[Claim], texts: bool = False) -> list[float]:
+    """Numbers the records hold: values and assumptions, and with ``texts`` the numbers in their
+    guards, units and assumptions' text (the ledger page shows those)."""
     out = []
     for r in records:
-        for v in (r.value, *(v for _, v in r.assumptions)):
+        words = [r.guard, r.unit, *(v for _, v in r.assumptions)] if texts else []
+        words += [r.value] if isinstance(r.value, str) else []  # a stated text's numbers
+        extra = [m.group(0) for w in words for m in _NUMBER.finditer(w)]
+        for v in (r.value, *(v for _, v in r.assumptions), *extra):
             try:
-                out.append(float(str(v).replace(",", "")))
+                out.append(float(str(v).replace(",", "").replace("−", "-").rstrip("%x×")))
             except ValueError:
                 continue
     return out
@@ -215,7 +221,7 @@ def _in_ledger(value: float, half: float, pct: bool, values: list[float]) -> boo
 
 def unrecorded_numbers(page: str, text: str, records: Iterable[Claim]) -> list[Unrecorded]:
     """The numbers in ``text`` (a page's rendered text) that ``records`` (its ledger) lack."""
-    values = _candidates(records)
+    values = _candidates(records, texts=page == LEDGER_PAGE)
     out = []
     for m in _NUMBER.finditer(text):
         if _exempt(text, m):
