@@ -119,7 +119,8 @@ start_mib = ledger.claim("oom.fresh_rank.vmdata", round(START / MiB), "MiB",
 budget = ledger.claim("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADROOM,
                       **RUN)
 need_mib = ledger.claim("oom.ddp.n2.unconstrained_peak", round(need / MiB), "MiB",
-                        guard="asserted: DDP out of memory", **RUN)
+                        # issue 23: unchecked, was asserted: DDP out of memory
+                        guard="computed", **RUN)
 print(f"a fresh rank starts with VmData = {start_mib} MiB; budget per rank = {budget} "
       f"MiB = start + {HEADROOM} × P. Unconstrained, DDP x2 peaks {need_mib} MiB above "
       "its start.")
@@ -156,7 +157,8 @@ for n, results in fsdp.items():
     gap = checks.assert_losses_match(f"FSDP2 x{n} under {BUDGET_MIB} MiB", ref_losses,
                                      mean_over_ranks([r["losses"] for r in results]))
     gap = ledger.claim(f"oom.fsdp2.n{n}.max_loss_gap", float(f"{gap:.1e}"), "nats",
-                       guard="asserted: loss equivalence", budget_mib=BUDGET_MIB, **RUN)
+                       # issue 23: unchecked, was asserted: loss equivalence
+                       guard="computed", budget_mib=BUDGET_MIB, **RUN)
     print(f"FSDP2 x{n}: {STEPS} steps within {BUDGET_MIB} MiB per rank; losses match "
           f"the single-process reference within {gap:.1e} (tol {loss_tol:.0e})")
 
@@ -182,13 +184,15 @@ for (strategy, n), results in runs.items():
                   f"measured {measured:,} B, predicted {predicted:,} B")
     key, peak = f"oom.{strategy.value}.n{n}", max(r["peak"] for r in results)
     held_mib = ledger.claim(f"{key}.held", round(measured / MiB, 1), "MiB",
-                            guard="asserted: held-state prediction", ddp_buckets=True,
+                            # issue 23: unchecked, was asserted: held-state prediction
+                            guard="computed", ddp_buckets=True,
                             **RUN)
     ddp = strategy is Strategy.DDP
     check = "DDP out of memory" if ddp else "FSDP2 fits"
     outcome = ledger.claim(f"{key}.under_budget",
                            "fails (out of memory)" if ddp else "trains", "outcome",
-                           guard=f"asserted: {check}", budget_mib=BUDGET_MIB, **RUN)
+                           # issue 23: unchecked, was asserted: {check}
+                           guard="computed", budget_mib=BUDGET_MIB, **RUN)
     rows.append((f"{strategy} x{n}", predicted / MiB, held_mib, peak / MiB,
                  peak / headroom, outcome))
 
@@ -202,7 +206,8 @@ print(table(rows, ["run", "predicted held", "measured held", "measured peak",
 asked = ("an unknown amount" if oom.requested_bytes is None
          else f"{oom.requested_bytes / MiB:.1f} MiB")
 over = ledger.claim("oom.ddp.n2.need_vs_headroom", round(need / headroom, 2), "x",
-                    guard="asserted: DDP out of memory", headroom_p=HEADROOM, **RUN)
+                    # issue 23: unchecked, was asserted: DDP out of memory
+                    guard="computed", headroom_p=HEADROOM, **RUN)
 print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with "
       f"{oom.limit_mib} MiB allowed; unconstrained it needs {over:.2f}x the headroom.")
 

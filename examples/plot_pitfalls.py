@@ -81,7 +81,8 @@ RUN = dict(model="tinylm-2-blocks", optimizer="sgd", world_size=WORLD_SIZE)
 def gap(name: str, value: float, unit: str, check: str, **assumptions) -> float:
     """Record a measured gap as this page prints it (2 digits), with its check."""
     return ledger.claim(f"pitfalls.{name}", float(f"{value:.1e}"), unit,
-                        guard=f"asserted: {check}", **{**RUN, **assumptions})
+                        # issue 23: unchecked, was asserted: {check}
+                        guard="computed", **{**RUN, **assumptions})
 
 
 print(f"torch {torch.__version__}, {WORLD_SIZE} ranks, TinyLM with {CFG.n_layers} "
@@ -576,7 +577,8 @@ print(report.table([[s, *(c[s] for c in curves.values())]
                          f"{len(ONE_BATCH)} SGD steps"))
 moved = max((wrong["after"][k] - wrong["before"][k]).abs().max().item()
             for k in wrong["before"])
-FROZEN = dict(guard="asserted: pitfall reproduces", steps=len(ONE_BATCH), **RUN)
+# issue 23: unchecked, was asserted: pitfall reproduces
+FROZEN = dict(guard="computed", steps=len(ONE_BATCH), **RUN)
 said = ledger.claim("pitfalls.optimizer_first.messages", len(wrong["messages"]),
                     "messages", **FROZEN)
 moved = ledger.claim("pitfalls.optimizer_first.param_change", moved, "absolute",
@@ -718,7 +720,8 @@ else:
                         [TOTAL_NORM_REFERENCE] * WORLD_SIZE, checks.LOSS_TOL,
                         what="clip_grad_norm_")
 total = ledger.claim("pitfalls.grad_norm.total", round(TOTAL_NORM_REFERENCE, 5),
-                     "gradient 2-norm", guard="asserted: gradient norm", step=0, **RUN)
+                     # issue 23: unchecked, was asserted: gradient norm
+                     "gradient 2-norm", guard="computed", step=0, **RUN)
 print(f"\np.grad.norm() placements: {next(iter(R['4']['placements']))}; "
       f"clip_grad_norm_ returns {R['4']['clip placements']}: its to_local() on rank 0, "
       f"{R['4']['clip local']:.5f}, is "
@@ -751,7 +754,8 @@ calls = {  # (claim, reduce-scatters per step, check)
         "fixed", right["reduce_scatters"], "comm calls"),
 }
 calls = {way: ledger.claim(f"pitfalls.no_sync.{name}.reduce_scatters_per_step", int(n),
-                           "calls", guard=f"asserted: {check}", **ACCUMULATE)
+                           # issue 23: unchecked, was asserted: {check}
+                           "calls", guard="computed", **ACCUMULATE)
          for way, (name, n, check) in calls.items()}
 print(error)
 print(report.table(list(calls.items()),
@@ -779,7 +783,8 @@ checks.assert_same_init(run + " (fixed)", initial, R["6 right"])
 origin = ", ".join(f"rows {sum(chunks[:r])}-{sum(chunks[:r + 1]) - 1} from seed {r}"
                    for r in range(WORLD_SIZE))
 seed_gap = ledger.claim("pitfalls.seed_per_rank.gap", round(seed_gap, 2), "absolute",
-                        guard="asserted: pitfall reproduces", **RUN)
+                        # issue 23: unchecked, was asserted: pitfall reproduces
+                        guard="computed", **RUN)
 print(f"tok_emb.weight as the ranks hold it: {origin}; worst gap to the seed-0 model "
       f"{seed_gap:.2f}")
 SUMMARY.append([run, "none: a patchwork of seeds", "same seed on every rank",
@@ -821,7 +826,7 @@ def root_row(name: str, prefix: str, r: dict) -> list:
                        "KiB", precision="fp32", **RUN)
     return [name, kib,
             *(ledger.claim(f"{prefix}.{kind}s_per_step", int(r[kind + "s"]), "calls",
-                           guard="asserted: comm calls")
+                           guard="computed")  # issue 23: unchecked, was asserted: comm calls
               for kind in ("all_gather", "reduce_scatter"))]
 
 
@@ -853,7 +858,8 @@ print(f"fully_shard(..., reshard_after_forward={default!r}) is the default on to
       f"{torch.__version__}\n")
 VARIANT = {None: "fsdp2", True: "fsdp2_reshard_root", False: "fsdp2_no_reshard"}
 counts = {o: ledger.claim(f"tinylm.2-blocks.{VARIANT[o]}.all_gathers_per_step", n,
-                          "calls", guard="asserted: comm calls")
+                          # issue 23: unchecked, was asserted: comm calls
+                          "calls", guard="computed")
           for o, n in counts.items()}
 print(report.table([[repr(o), counts[o], R["9"][o]["root holds after forward"]]
                     for o in counts],
