@@ -45,7 +45,7 @@ def test_an_allowance_containing_zero_cannot_be_recorded_as_asserted() -> None:
         ledger.record("rel", rel)
     tight = checks.expect_close("kept after forward", "r", 6.1, 6.16, 0.5, unit="MiB")
     assert ledger.record("kept", tight) == 6.1
-    assert ledger.records[0].guard == "asserted: kept after forward (6.1 ≈ 6.2 ± 0.5)"
+    assert ledger.records[0].guard == "asserted: kept after forward (6.1 ≈ 6.16 ± 0.5)"
 
 
 def test_a_tautological_check_is_refused() -> None:

@@ -104,7 +104,7 @@ class Checked(float):
             return False
         return any(abs(centre) <= a for centre in (self.reference, float(self)))
 
-    def guard(self, fmt: str = ".2g") -> str:
+    def guard(self, fmt: str = ".4g") -> str:
         """The ledger guard this check earns, e.g. ``asserted: loss equivalence (|Δ| 2.1e-07 ≤
         1e-05 vs the single-process reference)`` or ``ordered: async save < blocking save``."""
         v = format(float(self), fmt)
@@ -117,7 +117,8 @@ class Checked(float):
             return f"asserted: {self.check} (|Δ| {v} ≤ {self.tol:.2g}{against})"
         if self.relation == "≥":
             return f"asserted: {self.check} ({v} ≥ {self.tol:.2g}{against})"
-        tol = f"{self.tol:.0%}" if self.rel else f"{self.tol:.2g}"
+        tol = (f"{self.tol:.2g}" if not self.rel else f"{self.tol:.0%}" if self.tol >= 0.01
+               else f"{self.tol:.1g} relative")
         return (f"asserted: {self.check} ({v} ≈ {format(self.reference, fmt)} ± {tol}"
                 f"{against})")
 

@@ -130,12 +130,13 @@ def shown_text(value: float | int | str, fmt: str | None = None) -> str:
 
 
 def _rounded(value: float, text: str) -> float:
-    """``value`` as the number ``text`` shows (``"24.7%"`` -> 0.247, ``"1,314.2"`` -> 1314.2)."""
-    t = text.replace(",", "").strip()
+    """``value`` as the number ``text`` shows (``"24.7%"`` -> 0.247, ``"1,314.2"`` -> 1314.2,
+    ``"8"`` -> 8, an int)."""
+    t = text.replace(",", "").replace("−", "-").strip()
     if t.endswith("%"):
         return float(t[:-1]) / 100
     try:
-        return float(t)
+        return int(t) if re.fullmatch(r"-?\d+", t) else float(t)
     except ValueError:
         return value
 
@@ -227,7 +228,7 @@ class Ledger:
         if shown is None and fmt is not None and not isinstance(value, str):
             shown = shown_text(value, fmt)
         if shown and not isinstance(value, str):
-            value = _rounded(value, shown) if isinstance(value, float) or "." in shown else value
+            value = _rounded(value, shown)
         merged: dict[str, Any] = {}
         for scope in self._scopes:
             merged.update(scope)
