@@ -103,12 +103,9 @@ print(table([(s.shape, s.dtype, s.nbytes) for s in saved.storages],
 terms = tinylm_terms(BASE, S, B)
 derived = tinylm_layer_bytes(BASE, S, B)
 shape = f"s={S} b={B} h={BASE.d_model} a={BASE.n_heads}"
-checks.expect("activation formula", f"SDPA, {shape}", saved.nbytes == derived,
-              f"measured {saved.nbytes:,} B, derived {derived:,} B")
-derived = ledger.claim(f"tinylm.block.sdpa.s{S}-b{B}.saved_bytes",
-                       # issue 23: unchecked, was asserted: activation formula
-                       derived, "bytes", guard="computed",
-                       model=repr(BASE))
+derived = ledger.record(f"tinylm.block.sdpa.s{S}-b{B}.saved_bytes", checks.expect_close(
+    "activation formula", f"SDPA, {shape}", derived, saved.nbytes, 0, "saved bytes",
+    against="the bytes autograd saved"), "bytes", fmt=".0f", model=repr(BASE))
 print(table([(t.name, t.tinylm, t.korthikanti) for t in terms]
             + [("total", derived, sum(t.korthikanti for t in terms))],
             [f"term (one layer, {shape})", "TinyLM bytes", "Korthikanti bytes"],
@@ -171,10 +168,8 @@ out = {att: saved_by_block(cfg, B, LONGEST)[1] for att, cfg in ATT.items()}
 gap = checks.expect_close("same attention", f"SDPA vs explicit, s={LONGEST}",
                           (out["sdpa"] - out["explicit"]).abs().max().item(), 0.0, 1e-5,
                           "max abs output difference")
-gap = ledger.claim(f"tinylm.block.sdpa_vs_explicit.s{LONGEST}.max_output_gap",
-                   # issue 23: unchecked, was asserted: same attention
-                   float(f"{gap:.1e}"), "absolute", guard="computed",
-                   model=repr(BASE), micro_batch=B)
+gap = ledger.record(f"tinylm.block.sdpa_vs_explicit.s{LONGEST}.max_output_gap", gap,
+                    "absolute", fmt=".1e", model=repr(BASE), micro_batch=B)
 print(f"largest output difference, SDPA vs explicit: {gap:.1e}")
 
 SEQS = (32, 64, 128, 256, 512)
@@ -478,12 +473,10 @@ LT = {k: constants.cite(ledger, f"lightning.fsdp_guide.{k}")
 zero = PRECISIONS["zero_mixed"]
 zero_bpp = state_bytes_for_count(1, "ddp", 1, "zero_mixed", "adamw",
                                  ddp_buckets=False).model_state
-checks.expect("ZeRO Figure 1", "2 + 2 + K", zero_bpp == zero.param + zero.grad + ZERO_K,
-              f"zero_mixed keeps {zero_bpp} B/param, ZeRO's K is {ZERO_K}")
-zero_bpp = ledger.claim("adamw.zero_mixed.bytes_per_param", zero_bpp,
-                        # issue 23: unchecked, was asserted: ZeRO Figure 1
-                        "bytes per parameter", guard="computed",
-                        counts="model state (no DDP buckets)")
+zero_bpp = ledger.record("adamw.zero_mixed.bytes_per_param", checks.expect_close(
+    "ZeRO Figure 1", "2 + 2 + K", zero_bpp, zero.param + zero.grad + ZERO_K, 0,
+    against="ZeRO's 2 + 2 + K"), "bytes per parameter", fmt=".0f",
+    counts="model state (no DDP buckets)")
 with torch.device("meta"):
     lightning = nn.ModuleList([  # lightning.pytorch.demos.Transformer(nlayers=32,
         nn.Embedding(33278, 1024),  # nhid=4096, ninp=1024, nhead=64), WikiText-2 vocab

@@ -208,10 +208,9 @@ checks.expect("HSDP mesh", "init_device_mesh",
 
 def measured(name: str, value: float, unit: str, check: str) -> float:
     """Record a measured number as printed (a gap: 2 digits), with its check."""
-    value = value if isinstance(value, int) else float(f"{value:.1e}")
-    # issue 23: unchecked, was asserted: {check}
-    return ledger.claim(name, value, unit, guard="computed", steps=STEPS,
-                        **HSDP)
+    if isinstance(value, checks.Checked):  # a gap: guarded by the check that measured it
+        return ledger.record(name, value, unit, fmt=".1e", steps=STEPS, **HSDP)
+    return ledger.claim(name, value, unit, steps=STEPS, **HSDP)  # a count: computed
 
 
 rows = []

@@ -110,17 +110,16 @@ START = max(*guide.launch(start_level, 4), *(r["start_vmdata"] for r in ddp_free
 BUDGET_MIB = math.ceil((START + HEADROOM * P) / MiB)
 headroom = BUDGET_MIB * MiB - START
 need = max(r["peak"] for r in ddp_free)
-checks.expect("DDP out of memory", "DDP x2", need > headroom,
-              f"peaks at {need / MiB:.0f} MiB, inside the {headroom / MiB:.0f} MiB "
-              "headroom: raise the model's size or lower HEADROOM, or DDP's failure "
-              "below is not its state")
+# If DDP peaks inside the headroom, raise the model's size or lower HEADROOM: DDP's failure
+# below would not be its state.
+need_order = checks.expect_order("DDP out of memory", "DDP x2", headroom / MiB, need / MiB,
+                                 low_name="the headroom", high_name="DDP's unconstrained peak",
+                                 unit="MiB", keep="high")
 start_mib = ledger.claim("oom.fresh_rank.vmdata", round(START / MiB), "MiB",
                          world_size="2 and 4")  # measured, this machine, this build
 budget = ledger.claim("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADROOM,
                       **RUN)
-need_mib = ledger.claim("oom.ddp.n2.unconstrained_peak", round(need / MiB), "MiB",
-                        # issue 23: unchecked, was asserted: DDP out of memory
-                        guard="computed", **RUN)
+need_mib = ledger.record("oom.ddp.n2.unconstrained_peak", need_order, fmt=".0f", **RUN)
 print(f"a fresh rank starts with VmData = {start_mib} MiB; budget per rank = {budget} "
       f"MiB = start + {HEADROOM} × P. Unconstrained, DDP x2 peaks {need_mib} MiB above "
       "its start.")
@@ -156,9 +155,8 @@ for n, results in fsdp.items():
                   f"{str(results).splitlines()[0]}")
     gap = checks.assert_losses_match(f"FSDP2 x{n} under {BUDGET_MIB} MiB", ref_losses,
                                      mean_over_ranks([r["losses"] for r in results]))
-    gap = ledger.claim(f"oom.fsdp2.n{n}.max_loss_gap", float(f"{gap:.1e}"), "nats",
-                       # issue 23: unchecked, was asserted: loss equivalence
-                       guard="computed", budget_mib=BUDGET_MIB, **RUN)
+    gap = ledger.record(f"oom.fsdp2.n{n}.max_loss_gap", gap, fmt=".1e", budget_mib=BUDGET_MIB,
+                        **RUN)
     print(f"FSDP2 x{n}: {STEPS} steps within {BUDGET_MIB} MiB per rank; losses match "
           f"the single-process reference within {gap:.1e} (tol {loss_tol:.0e})")
 
@@ -180,19 +178,15 @@ for (strategy, n), results in runs.items():
     predicted = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", OPTIMIZER,
                                             ddp_buckets=True).total
     measured = max(r["held"] for r in results)
-    checks.expect("held-state prediction", f"{strategy} x{n}", measured == predicted,
-                  f"measured {measured:,} B, predicted {predicted:,} B")
+    held_checked = checks.expect_close("held-state prediction", f"{strategy} x{n}", measured,
+                                       predicted, 0, "bytes held", against="the parameter shapes")
     key, peak = f"oom.{strategy.value}.n{n}", max(r["peak"] for r in results)
-    held_mib = ledger.claim(f"{key}.held", round(measured / MiB, 1), "MiB",
-                            # issue 23: unchecked, was asserted: held-state prediction
-                            guard="computed", ddp_buckets=True,
-                            **RUN)
+    held_mib = ledger.record(f"{key}.held", held_checked.scaled(1 / MiB, "MiB"), fmt=".1f",
+                             ddp_buckets=True, **RUN)
     ddp = strategy is Strategy.DDP
-    check = "DDP out of memory" if ddp else "FSDP2 fits"
-    outcome = ledger.claim(f"{key}.under_budget",
+    outcome = ledger.claim(f"{key}.under_budget",  # a text (checked above): computed
                            "fails (out of memory)" if ddp else "trains", "outcome",
-                           # issue 23: unchecked, was asserted: {check}
-                           guard="computed", budget_mib=BUDGET_MIB, **RUN)
+                           budget_mib=BUDGET_MIB, **RUN)
     rows.append((f"{strategy} x{n}", predicted / MiB, held_mib, peak / MiB,
                  peak / headroom, outcome))
 
@@ -205,9 +199,10 @@ print(table(rows, ["run", "predicted held", "measured held", "measured peak",
                   "MiB"))
 asked = ("an unknown amount" if oom.requested_bytes is None
          else f"{oom.requested_bytes / MiB:.1f} MiB")
-over = ledger.claim("oom.ddp.n2.need_vs_headroom", round(need / headroom, 2), "x",
-                    # issue 23: unchecked, was asserted: DDP out of memory
-                    guard="computed", headroom_p=HEADROOM, **RUN)
+over = ledger.record("oom.ddp.n2.need_vs_headroom", checks.expect_order(
+    "DDP out of memory", "DDP x2", 1.0, need / headroom, low_name="1",
+    high_name="DDP's peak / headroom", unit="x", keep="high"), fmt=".2f", headroom_p=HEADROOM,
+    **RUN)
 print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with "
       f"{oom.limit_mib} MiB allowed; unconstrained it needs {over:.2f}x the headroom.")
 

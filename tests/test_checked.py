@@ -65,6 +65,10 @@ def test_an_ordering_is_recorded_as_ordered_never_asserted() -> None:
     ledger.record("async_save_s", o)
     (r,) = ledger.records
     assert r.kind == "ordered" and r.guard.startswith("ordered: async save < blocking save")
+    high = checks.expect_order("oom", "r", 10.0, 14.0, low_name="headroom", high_name="peak",
+                               keep="high")
+    assert high == 14.0 and high.kind == "ordered"
+    assert high.guard().startswith("ordered: peak > headroom (14 > 10)")
     with pytest.raises(checks.CheckFailed, match=r"\[save time\] r: expected b < a"):
         checks.expect_order("save time", "r", 2.0, 1.0, low_name="b", high_name="a")
 

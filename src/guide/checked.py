@@ -45,15 +45,15 @@ def derived(value: float) -> Derived:
     return Derived(value)
 
 
-_RELATIONS = ("≤", "≥", "≈", "<", "<=")
+_RELATIONS = ("≤", "≥", "≈", "<", "<=", ">", ">=")
 
 
 class Checked(float):
     """A number a check passed. Behaves as the float ``value``; immutable.
 
     Attributes: ``check`` (the check's name, e.g. ``"loss equivalence"``), ``run`` (what ran),
-    ``unit``, ``relation`` (``"≤"``/``"≥"`` a bound, ``"≈"`` a match, ``"<"``/``"<="`` an
-    ordering), ``tol`` (the allowance:
+    ``unit``, ``relation`` (``"≤"``/``"≥"`` a bound, ``"≈"`` a match, ``"<"``/``"<="``/``">"``/``">="``
+    an ordering), ``tol`` (the allowance:
     absolute, or relative to ``reference`` if ``rel``), ``reference`` (the independent value, or
     ``None`` for a bound), ``against`` (what the reference is, in words), ``value_name`` and
     ``reference_name`` (for orderings).
@@ -88,7 +88,7 @@ class Checked(float):
     @property
     def kind(self) -> str:
         """``"asserted"`` (a bound or a match) or ``"ordered"``."""
-        return "ordered" if self.relation in ("<", "<=") else "asserted"
+        return "ordered" if self.relation in ("<", "<=", ">", ">=") else "asserted"
 
     def allowance(self) -> float | None:
         """The absolute allowance around ``reference`` (``None`` for a bound or an ordering)."""

@@ -117,16 +117,23 @@ def expect_close(check: str, run: str, got: Sequence[float] | float,
 
 
 def expect_order(check: str, run: str, low: float, high: float, *, low_name: str,
-                 high_name: str, strict: bool = True, unit: str = "") -> Checked:
-    """``low < high`` (``<=`` unless ``strict``; NaN fails). Returns :class:`Checked` ``low`` with
-    relation ``"<"``: the ledger records it as ``ordered: low_name < high_name``, never as
-    asserted, because an ordering checks neither value."""
+                 high_name: str, strict: bool = True, unit: str = "",
+                 keep: str = "low") -> Checked:
+    """``low < high`` (``<=`` unless ``strict``; NaN fails). Returns :class:`Checked` ``low``
+    (relation ``"<"``), or ``high`` if ``keep="high"`` (relation ``">"``): the ledger records it as
+    ``ordered: low_name < high_name`` (or ``high_name > low_name``), never as asserted, because an
+    ordering checks neither value."""
     _refuse_tautology(check, run, low, high)
+    if keep not in ("low", "high"):
+        raise ValueError(f"expect_order: keep={keep!r} is 'low' or 'high'.")
     ok = low < high if strict else low <= high
     op = "<" if strict else "<="
     if not ok:
         raise CheckFailed(f"[{check}] {run}: expected {low_name} {op} {high_name}, got "
                           f"{low:.4g} vs {high:.4g}.")
+    if keep == "high":
+        return Checked(float(high), check=check, run=run, unit=unit, relation=op.replace("<", ">"),
+                       reference=float(low), value_name=high_name, reference_name=low_name)
     return Checked(float(low), check=check, run=run, unit=unit, relation=op,
                    reference=float(high), value_name=low_name, reference_name=high_name)
 
