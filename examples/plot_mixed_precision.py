@@ -274,11 +274,10 @@ for name, said in (("bf16/fp32, SGD", (0.5, 1.0)), ("bf16/bf16, SGD", (0.5, 0.5)
     checks.expect("wire bytes", f"FSDP2 x{WORLD_SIZE} {name}", got == said,
                   f"all-gather and reduce-scatter bytes are {got} of fp32's, expected "
                   f"{said}.")
-    for kind, ratio in zip(KINDS, got):
-        ledger.claim(f"{claim_key(name)}.{kind}_bytes", ratio, "× fp32's",
-                     # issue 23: unchecked, was asserted: wire bytes
-                     guard="computed", model="tinylm-main",
-                     world_size=WORLD_SIZE)
+    for kind, ratio, want in zip(KINDS, got, said):
+        ledger.record(f"{claim_key(name)}.{kind}_bytes", checks.expect_close(
+            "wire bytes", f"FSDP2 x{WORLD_SIZE} {name}", ratio, want, 0,
+            against="the dtypes' sizes"), "× fp32's", model="tinylm-main", world_size=WORLD_SIZE)
 print("\nbf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype halves "
       "the reduce-scatter.")
 
@@ -304,10 +303,10 @@ print("\nbf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype ha
 # shows it).
 # The step-0 gap isolates the forward's rounding: both runs start from identical weights.
 u = precision.unit_roundoff(BF16)
-checks.expect("unit roundoff", "bfloat16", u == torch.finfo(BF16).eps / 2 == 2**-8,
-              f"u = {u}, finfo eps / 2 = {torch.finfo(BF16).eps / 2}.")
-# issue 23: unchecked, was asserted: unit roundoff
-u = ledger.claim("bf16.unit_roundoff", u, "relative", guard="computed")
+checks.expect("unit roundoff", "bfloat16", u == 2**-8, f"u = {u}, not 2**-8.")
+u = ledger.record("bf16.unit_roundoff", checks.expect_close(
+    "unit roundoff", "bfloat16", u, torch.finfo(BF16).eps / 2, 0,
+    against="torch.finfo(bfloat16).eps / 2"), "relative")
 print(f"bf16: u = 2**-8 = {u:.6f} (finfo eps = {torch.finfo(BF16).eps:.6f}); "
       f"fp32: u = {precision.unit_roundoff(FP32):.2e}")
 gaps, bounds, rows = {}, {}, []
