@@ -247,20 +247,17 @@ for n in NS:
     r = ddp[n] - 5 * b
     model_ratio = (5 * b + r) / (4 * b / n + r)
     measured_ratio = fits[Strategy.DDP, n][0] / fits[Strategy.FSDP2, n][0]
-    checks.expect("growth ratio", f"N={n}",
-                  bool(abs(measured_ratio / model_ratio - 1) <= RATIO_TOL),
-                  f"DDP's peak grows {measured_ratio:.2f}x "
-                  f"faster than FSDP2's; the model says {model_ratio:.2f}x "
-                  f"(r = {r:.3f} MiB/block)")
-    ratios[n] = tuple(
-        ledger.claim(f"depth.ddp_over_fsdp2.n{n}.{what}", round(v, 2), "x", guard=guard,
-                     world_size=n, depths=DEPTHS, **MODEL)
-        for what, v, guard in (
-            # issue 23: unchecked, was asserted: growth ratio
-            ("peak_growth_measured", measured_ratio, "computed"),
-            ("peak_growth_model", model_ratio, "computed"),
-            ("state_growth_model", 1.25 * n, "computed"),
-            ("folklore", float(n), "computed")))
+    measured_ratio = checks.expect_close(
+        "growth ratio", f"N={n}", measured_ratio, model_ratio, RATIO_TOL,
+        f"DDP's peak growth over FSDP2's (r = {r:.3f} MiB/block)", rel=True,
+        against="the model's ratio")
+    at_n = dict(world_size=n, depths=DEPTHS, **MODEL)
+    ratios[n] = (
+        ledger.record(f"depth.ddp_over_fsdp2.n{n}.peak_growth_measured", measured_ratio, "x",
+                      fmt=".2f", **at_n),
+        *(ledger.claim(f"depth.ddp_over_fsdp2.n{n}.{what}", v, "x", fmt=".2f", **at_n)
+          for what, v in (("peak_growth_model", model_ratio),
+                          ("state_growth_model", 1.25 * n), ("folklore", float(n)))))
 RATIO_COLS = ["world size", "peak: measured", "peak: model", "state: 1.25 N",
               "folklore: N"]
 print(table([(f"N={n}", *v) for n, v in ratios.items()], RATIO_COLS,
