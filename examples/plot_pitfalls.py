@@ -79,10 +79,11 @@ RUN = dict(model="tinylm-2-blocks", optimizer="sgd", world_size=WORLD_SIZE)
 
 
 def gap(name: str, value: float, unit: str, check: str, **assumptions) -> float:
-    """Record a measured gap as this page prints it (2 digits), with its check."""
-    return ledger.claim(f"pitfalls.{name}", float(f"{value:.1e}"), unit,
-                        # issue 23: unchecked, was asserted: {check}
-                        guard="computed", **{**RUN, **assumptions})
+    """Record a measured gap as this page prints it (2 digits), with the check that measured
+    it (a gap no check returned is computed)."""
+    if isinstance(value, checks.Checked):
+        return ledger.record(f"pitfalls.{name}", value, unit, fmt=".1e", **{**RUN, **assumptions})
+    return ledger.claim(f"pitfalls.{name}", value, unit, fmt=".1e", **{**RUN, **assumptions})
 
 
 print(f"torch {torch.__version__}, {WORLD_SIZE} ranks, TinyLM with {CFG.n_layers} "
