@@ -51,6 +51,9 @@ _RELATIONS = ("≤", "≥", "≈", "<", "<=", ">", ">=")
 class Checked(float):
     """A number a check passed. Behaves as the float ``value``; immutable.
 
+    Only the checks of :mod:`guide.checks` (and its helpers) build one: a page that constructed
+    its own would be typing "asserted" by another name.
+
     Attributes: ``check`` (the check's name, e.g. ``"loss equivalence"``), ``run`` (what ran),
     ``unit``, ``relation`` (``"≤"``/``"≥"`` a bound, ``"≈"`` a match, ``"<"``/``"<="``/``">"``/``">="``
     an ordering), ``tol`` (the allowance:

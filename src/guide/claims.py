@@ -18,6 +18,22 @@ optimizer, DDP buckets counted or not, N, sequence length, hardware) and its gua
 Assumptions shared by a page's numbers are given once: ``Ledger(page, model=..., world_size=2)``
 and ``with ledger.scope(steps=20):``; a call's own keywords add to (or override) them.
 
+A page, in short::
+
+    ledger = claims.Ledger("plot_x", model=repr(CFG), world_size=WORLD_SIZE)
+    gap = checks.assert_losses_match(run, ref_losses, losses)   # a Checked: the check ran
+    ledger.record("x.loss_gap", gap, fmt=".1e")                 # asserted: loss equivalence (...)
+    kept = checks.expect_close("memory", run, got, want, tol, unit="B", against="the shapes")
+    ledger.record("x.kept", kept.scaled(1 / 2**20, "MiB"), fmt=".2f")
+    ledger.record("x.async_ms", checks.expect_order("save", run, a, b, low_name="async",
+                                                    high_name="blocking"))  # ordered: a < b
+    ledger.claim("x.ratio", ratio, "x", fmt=".2f")              # computed
+    report.table(rows, cols, record=ledger, name="x.table")    # every number cell recorded
+
+Prose states a recorded number with the ``claim`` role (``docs/ledger_ext.py``):
+``:claim:`x.loss_gap``` in a gallery text cell, ``{claim}`x.kept <unit>``` in a MyST page.
+After the build, :mod:`guide.rendered` reports every printed number the page's ledger lacks.
+
 During the docs build (``GUIDE_LEDGER_DIR`` set by ``docs/conf.py``) each page's records go to one
 JSON-lines file in that directory, rewritten whenever the page runs. :func:`contradictions` reads all
 pages' records: two records of one name with different values or assumptions are a contradiction,
