@@ -92,11 +92,13 @@ checks.expect("clipping is active", "reference",
               f"{clipped} clipped steps, effect {effect:.1e}; lower MAX_NORM.")
 setting = dict(model="tinylm-main", optimizer="sgd", steps=STEPS, max_norm=MAX_NORM)
 ledger.claim("gradient_clipping.max_norm", MAX_NORM, "gradient 2-norm")
-ledger.claim("gradient_clipping.reference.clipped_steps", clipped, "steps",
-             guard="computed", **setting)  # issue 23: unchecked, was asserted: clipping is active
-effect = ledger.claim("gradient_clipping.reference.param_shift", float(f"{effect:.1e}"),
-                      # issue 23: unchecked, was asserted: clipping is active
-                      "max |Δparam|", guard="computed", **setting)
+ledger.record("gradient_clipping.reference.clipped_steps", checks.expect_order(
+    "clipping is active", "reference", 0, clipped, low_name="0", high_name="clipped steps",
+    keep="high"), "steps", fmt=".0f", **setting)
+effect = ledger.record("gradient_clipping.reference.param_shift", checks.expect_order(
+    "clipping is active", "reference", 100 * checks.PARAM_TOL["sgd"], effect,
+    low_name="100 x the parameter tolerance", high_name="clipping's effect", keep="high"),
+    "max |Δparam|", fmt=".1e", **setting)
 print(f"reference: {clipped} of {STEPS} steps had a gradient norm above "
       f"max_norm={MAX_NORM}; clipping moved the final parameters by up to {effect:.1e}")
 
