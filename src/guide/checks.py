@@ -101,7 +101,7 @@ def expect_close(check: str, run: str, got: Sequence[float] | float,
     if len(got_l) != len(want_l):
         raise CheckFailed(f"[{check}] {run}: {len(got_l)} {what}s, expected {len(want_l)}.")
     gaps = [abs(g - w) / (abs(w) if rel else 1.0) if not (rel and w == 0) else
-            float(g != 0) * math.inf for g, w in zip(got_l, want_l)]
+            (0.0 if g == 0 else math.inf) for g, w in zip(got_l, want_l)]
     gap = next((g for g in gaps if g != g), max(gaps, default=0.0))  # NaN wins
     if not all(g <= tol for g in gaps):
         kind = f"{gap:.2%} > {tol:.0%}" if rel else f"{gap:.2e} > tol {tol:.0e}"
