@@ -45,7 +45,8 @@ def test_a_number_shown_more_precisely_than_recorded_fails(shown: str, value) ->
 
 
 def test_assumptions_of_the_page_cover_their_numbers() -> None:
-    assert rendered.scan_page("plot_a", _page("<p>on 2 ranks</p>"), [_claim(1.0, world_size=2)]) == []
+    found = rendered.scan_page("plot_a", _page("<p>on 2 ranks</p>"), [_claim(1.0, world_size=2)])
+    assert found == []
 
 
 @pytest.mark.parametrize("text", [

@@ -9,8 +9,8 @@ Three relations, one per way a number can be checked:
 
 * ``"≤"`` (a bound): ``value`` (a gap, an error) is at most ``tol``; the guard reads
   ``asserted: loss equivalence (|Δ| 2.1e-07 ≤ 1e-05 vs the single-process reference)``.
-* ``"≈"`` (a match): ``value`` sits within ``tol`` of ``reference``, an independent value (a formula,
-  torch's own instrument, a single-process run). Recording it as asserted is refused when the
+* ``"≈"`` (a match): ``value`` sits within ``tol`` of ``reference``, an independent value (a
+  formula, torch's own instrument, a single-process run). Recording it as asserted is refused when the
   allowance reaches 0 or the opposite sign (``0.28 ± 0.31``): the check would pass a zero.
 * ``"<"`` / ``"≤ ordered"`` (an ordering): ``value`` is below ``reference``; the ledger records
   ``ordered: a < b``, never ``asserted``, because an ordering says nothing of either value.
@@ -55,8 +55,8 @@ class Checked(float):
     its own would be typing "asserted" by another name.
 
     Attributes: ``check`` (the check's name, e.g. ``"loss equivalence"``), ``run`` (what ran),
-    ``unit``, ``relation`` (``"≤"``/``"≥"`` a bound, ``"≈"`` a match, ``"<"``/``"<="``/``">"``/``">="``
-    an ordering), ``tol`` (the allowance:
+    ``unit``, ``relation`` (``"≤"``/``"≥"`` a bound, ``"≈"`` a match, ``"<"``/``"<="``/``">"``/
+    ``">="`` an ordering), ``tol`` (the allowance:
     absolute, or relative to ``reference`` if ``rel``), ``reference`` (the independent value, or
     ``None`` for a bound), ``against`` (what the reference is, in words), ``value_name`` and
     ``reference_name`` (for orderings).

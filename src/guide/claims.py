@@ -136,8 +136,8 @@ class Contradiction:
 
 def shown_text(value: float | int | str, fmt: str | None = None) -> str:
     """How a value reads on a page: ``format(value, fmt)``, else the number as recorded with
-    thousands separators (``1,356.7``, ``217,728``): pages record numbers rounded as they print them,
-    or give ``fmt``/``shown``."""
+    thousands separators (``1,356.7``, ``217,728``): pages record numbers rounded as they print
+    them, or give ``fmt``/``shown``."""
     if isinstance(value, str):
         return value
     if fmt is not None:

@@ -14,8 +14,9 @@ included.
 
 **Exemptions** (the grammar, in order; nothing else is exempt):
 
-1. *Not read*: anything outside the page's ``<article>`` (or ``role="main"``), code cells, inline code literals (``code``), math, the gallery's running time and
-   download footers, header links, scripts and styles: code and formulas are not claims.
+1. *Not read*: anything outside the page's ``<article>`` (or ``role="main"``), code cells,
+   inline code literals (``code``), math, the gallery's running time and download footers,
+   header links, scripts and styles: code and formulas are not claims.
 2. *Identifiers*: digits touching a letter or ``_`` (``fc2``, ``bf16``, ``H100``, ``70B``,
    ``sm_90``), joined to one by a hyphen (``2-D``, ``Llama-3.1-8B``, ``N−1``) or over a slash
    (``1/N``): names and formulas; a multiplier ``2x`` / ``2×`` is a number, not an identifier.
@@ -27,8 +28,8 @@ included.
 5. *Issue and PR numbers*: ``#123``, ``issue 23``, ``PR 145``.
 6. *Indices*: an integer after ``step``, ``rank``, ``layer``, ``block``, ``replica``, ``node``,
    ``stage``, ``item``, ``pitfall``, ``figure``, ``table``, ``section``, ``Eq.``, ``equation``,
-   ``row``, ``column``, ``line``, ``chunk``, ``shard``, ``position``, ``phase``, ``dim``, ``r`` (rank 0,
-   step 19, Eq. 1).
+   ``row``, ``column``, ``line``, ``chunk``, ``shard``, ``position``, ``phase``, ``dim``, ``r``
+   (rank 0, step 19, Eq. 1).
 7. *List numbering*: an integer opening a line followed by ``.`` or ``)``, or ``(1)``-style.
 8. *Code-like output*: a keyword literal (``in_features=64``, ``eps=1e-05``), an integer in a
    shape tuple (``(128, 64)``, ``(64,)``, ``torch.Size([4, 16])``) or an index range (``(0-3)``).
