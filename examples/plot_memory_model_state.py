@@ -202,12 +202,15 @@ def vs_ddp(strategy: Strategy, n: int, what: str) -> float:
     """Rank 0's ``what`` ("model_state" or "total") over DDP's at N, as printed."""
     ratio = getattr(held[strategy, n], what) / getattr(held[Strategy.DDP, n], what)
     name = {"model_state": "model_state_vs_ddp", "total": "held_vs_ddp"}[what]
-    # issue 23: unchecked, was asserted: FSDP2 <= DDP/N + padding
-    guard = ("computed"  # the FSDP2 bound, checked above
-             if strategy.is_fsdp2 and what == "model_state" else MEASURED["guard"])
-    return ledger.claim(f"memory-model-state.{strategy.value}.n{n}.{name}",
-                        round(ratio, 3), "fraction", world_size=n, ddp_buckets=True,
-                        **(MEASURED | {"guard": guard}))
+    want = [memory.state_bytes_by_rank(SHAPES, k, n, "fp32", "adamw", ddp_buckets=True)[0]
+            for k in (strategy, Strategy.DDP)]
+    ratio = checks.expect_close(  # each side is checked above: their ratio too
+        "model-state bytes", f"{strategy} vs DDP at N={n}, rank 0", ratio,
+        getattr(want[0], what) / getattr(want[1], what), 2 * TOLERANCE, f"{what} ratio",
+        rel=True, against="the predicted bytes' ratio")
+    return ledger.record(f"memory-model-state.{strategy.value}.n{n}.{name}", ratio,
+                         "fraction", fmt=".3f", world_size=n, ddp_buckets=True,
+                         **{k: v for k, v in MEASURED.items() if k != "guard"})
 
 
 rows = [(s.label, n, h.params, h.grads, h.optimizer, h.buckets, h.total,
