@@ -181,6 +181,11 @@ for _stale in (HERE / "sg_execution_times.rst", HERE / "auto_examples" / "sg_exe
 # two records of one claim disagree.
 ledger_dir = str(HERE / "_build" / "ledger")
 ledger_page = "pages/ledger"
+# After the build, every rendered page is scanned for numbers its ledger lacks (guide.rendered):
+# "report" writes _build/unrecorded.json and a one-line summary; "strict" fails the build naming
+# page and number (the setting once every page records what it prints); "off" skips it.
+ledger_scan = "report"
+
 
 
 # The gallery in sections (gallery_order.SECTIONS, the one list): the landing page includes their

@@ -170,12 +170,9 @@ for (strategy, skip), res in results.items():
     dp = checks.assert_params_match(run_name, REF_PARAMS, res[0]["params"],
                                     checks.PARAM_TOL["sgd"])
     rows.append([label(strategy, skip),
-                 ledger.claim(claim_name(strategy, skip, "loss_gap"),
-                              float(f"{dl:.1e}"), "nats",
-                              guard="asserted: loss equivalence", **SETUP),
-                 ledger.claim(claim_name(strategy, skip, "param_gap"),
-                              float(f"{dp:.1e}"), "absolute",
-                              guard="asserted: parameter equivalence", **SETUP)])
+                 ledger.record(claim_name(strategy, skip, "loss_gap"), dl, fmt=".1e", **SETUP),
+                 ledger.record(claim_name(strategy, skip, "param_gap"), dp, fmt=".1e",
+                               **SETUP)])
 print(table(rows, ["run", "max |Δloss|", "max |Δparam|"],
             formats={"max |Δloss|": ".1e", "max |Δparam|": ".1e"}))
 
@@ -195,16 +192,17 @@ count = {key: {kind: sum(c.kind == kind for c in res[0]["collectives"])
 for strategy, kind in REDUCE.items():
     skipped, every = count[strategy, True][kind], count[strategy, False][kind]
     per_backward = n_units if strategy is Strategy.FSDP2 else skipped
-    checks.expect(skipped >= 1 and every == K * skipped and per_backward == skipped,
-                  "sync skipped", f"{strategy.label} x{WORLD_SIZE}",
+    checks.expect("sync skipped", f"{strategy.label} x{WORLD_SIZE}",
+                  skipped >= 1 and every == K * skipped and per_backward == skipped,
                   f"{kind} per optimizer step is {skipped} with skipping and {every} "
                   f"without; expected {per_backward} and {K} x {per_backward}.")
 gathers = [count[Strategy.FSDP2, skip]["all_gather"] for skip in (True, False)]
-checks.expect(gathers[0] == gathers[1], "sync skipped", f"FSDP2 x{WORLD_SIZE}",
+checks.expect("sync skipped", f"FSDP2 x{WORLD_SIZE}", gathers[0] == gathers[1],
               "skipping the gradient sync changed the number of all-gathers.")
 print(table([[label(*key),
               *(ledger.claim(claim_name(*key, f"{kind}s_per_optimizer_step"), c[kind],
-                             "calls", guard="asserted: sync skipped", **SETUP)
+                             # issue 23: unchecked, was asserted: sync skipped
+                             "calls", guard="computed", **SETUP)
                 for kind in KINDS)]
              for key, c in count.items()],
             ["run", "all-reduce", "reduce-scatter", "all-gather"]))
@@ -234,29 +232,30 @@ for key, res in results.items():
     want = sum(expected[key])
     small = sum(b for b in expected[key] if b < MMAP_THRESHOLD)
     got = checked[key] = held[key] if key[0] is Strategy.FSDP2 else visible[key]
-    checks.expect(abs(got - want) <= 0.1 * want + small, "gradient memory",
-                  f"{label(*key)} x{WORLD_SIZE}", f"one micro-batch left "
-                  f"{got / MiB:.2f} MiB of gradients behind, expected "
-                  f"{want / MiB:.2f} MiB.")
-    checked[key] = ledger.claim(claim_name(*key, "gradient_memory_held"),
-                                round(got / MiB, 2), "MiB",
-                                guard="asserted: gradient memory", **SETUP)
+    held_checked = checks.expect_close(
+        "gradient memory", f"{label(*key)} x{WORLD_SIZE}", got, want, 0.1 * want + small,
+        "bytes of gradients one micro-batch left behind", against="the parameter shapes")
+    checked[key] = ledger.record(claim_name(*key, "gradient_memory_held"),
+                                 held_checked.scaled(1 / MiB, "MiB"), fmt=".2f", **SETUP)
     rows.append([label(*key), held[key] / MiB, visible[key] / MiB,
                  ledger.claim(claim_name(*key, "gradient_memory_held.expected"),
                               round(want / MiB, 2), "MiB", **SETUP)])
-checks.expect(visible[Strategy.FSDP2, True] == 0, "gradient memory",
-              f"FSDP2 x{WORLD_SIZE} without sync", ".grad was set before the last "
+checks.expect("gradient memory", f"FSDP2 x{WORLD_SIZE} without sync",
+              visible[Strategy.FSDP2, True] == 0,
+              ".grad was set before the last "
               "micro-batch; the page says FSDP2 holds the gradients internally.")
 COLUMNS = ["held (measured) MiB", "in .grad MiB", "expected MiB"]
 print(table(rows, ["run", *COLUMNS], formats=dict.fromkeys(COLUMNS, ".2f")))
 fsdp2_rs = count[Strategy.FSDP2, False]["reduce_scatter"]
-saved = ledger.claim("accumulation.fsdp2.sync_skipped.reduce_scatters_saved",
-                     fsdp2_rs - count[Strategy.FSDP2, True]["reduce_scatter"], "calls",
-                     guard="asserted: sync skipped", **SETUP)
+saved = ledger.record("accumulation.fsdp2.sync_skipped.reduce_scatters_saved",
+                      checks.expect_close("sync skipped", f"FSDP2 x{WORLD_SIZE}",
+                                          fsdp2_rs - count[Strategy.FSDP2, True]["reduce_scatter"],
+                                          (K - 1) * n_units, 0, against="(K - 1) x the units"),
+                      "calls", fmt=".0f", **SETUP)
 extra = held[Strategy.FSDP2, True] - held[Strategy.FSDP2, False]
+# Computed: a difference of two measurements each checked within ±10 %, not itself checked.
 extra = ledger.claim("accumulation.fsdp2.sync_skipped.extra_gradient_memory",
-                     round(extra / MiB, 2), "MiB", guard="asserted: gradient memory",
-                     **SETUP)
+                     extra / MiB, "MiB", fmt=".2f", **SETUP)
 print(f"\nFSDP2 trade-off at K={K}, N={WORLD_SIZE}: skipping the sync saves {saved} of "
       f"{fsdp2_rs} reduce-scatters per optimizer step and costs {extra:.2f} MiB more "
       "gradient memory per rank during accumulation: the full gradients, as DDP holds "

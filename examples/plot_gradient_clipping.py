@@ -106,15 +106,18 @@ clipped = sum(n > MAX_NORM for n in REF.norms)
 effect = max((REF_PARAMS[k] - UNCLIPPED_PARAMS[k]).abs().max().item()
              for k in REF_PARAMS)
 checks.assert_learns("clipped reference", REF.losses)
-checks.expect(clipped > 0 and effect > 100 * checks.PARAM_TOL["sgd"],
-              "clipping is active", "reference",
+checks.expect("clipping is active", "reference",
+              clipped > 0 and effect > 100 * checks.PARAM_TOL["sgd"],
               f"{clipped} clipped steps, effect {effect:.1e}; lower MAX_NORM.")
 setting = dict(model="tinylm-main", optimizer="sgd", steps=STEPS, max_norm=MAX_NORM)
 ledger.claim("gradient_clipping.max_norm", MAX_NORM, "gradient 2-norm")
-ledger.claim("gradient_clipping.reference.clipped_steps", clipped, "steps",
-             guard="asserted: clipping is active", **setting)
-effect = ledger.claim("gradient_clipping.reference.param_shift", float(f"{effect:.1e}"),
-                      "max |Δparam|", guard="asserted: clipping is active", **setting)
+ledger.record("gradient_clipping.reference.clipped_steps", checks.expect_order(
+    "clipping is active", "reference", 0, clipped, low_name="0", high_name="clipped steps",
+    keep="high"), "steps", fmt=".0f", **setting)
+effect = ledger.record("gradient_clipping.reference.param_shift", checks.expect_order(
+    "clipping is active", "reference", 100 * checks.PARAM_TOL["sgd"], effect,
+    low_name="100 x the parameter tolerance", high_name="clipping's effect", keep="high"),
+    "max |Δparam|", fmt=".1e", **setting)
 print(f"reference: {clipped} of {STEPS} steps had a gradient norm above "
       f"max_norm={MAX_NORM}; clipping moved the final parameters by up to {effect:.1e}")
 
@@ -144,8 +147,9 @@ results = guide.launch(fsdp2_worker, WORLD_SIZE)
 # are not the norm: their squares add up to its square.
 run = f"FSDP2 x{WORLD_SIZE}, SGD, clip {MAX_NORM}"
 for r, res in enumerate(results):  # torch 2.9 returns a partial norm (pytorch #170862)
-    checks.expect(res.norm_placements == "(Replicate(),)"
-                  or res.norm_placements.startswith("(_NormPartial("), "clip norm", run,
+    checks.expect("clip norm", run,
+                  res.norm_placements == "(Replicate(),)"
+                  or res.norm_placements.startswith("(_NormPartial("),
                   f"rank {r}'s norm has placements {res.norm_placements}, neither "
                   "(Replicate(),) nor a partial norm.")
 norm_gap = max(checks.expect_close("clip norm", run, res.norms, REF.norms,
@@ -178,8 +182,8 @@ gaps = [  # (row, claim, measured gap, tolerance, the check that bounds it)
      "clip norm"),
 ]
 print(report.table(
-    [[row, ledger.claim(f"gradient_clipping.fsdp2.{name}", float(f"{gap:.1e}"),
-                        "absolute", guard=f"asserted: {check}", **fsdp2), tol]
+    [[row, ledger.record(f"gradient_clipping.fsdp2.{name}", gap, "absolute", fmt=".1e",
+                         **fsdp2), tol]
      for row, name, gap, tol, check in gaps],
     ["gap", "measured", "tol"], formats={"measured": ".1e", "tol": ".0e"}))
 print(f"\nAll checks passed: on {WORLD_SIZE} ranks, clip_grad_norm_ returned the "

@@ -128,8 +128,8 @@ for (s, n), pts in points.items():
         predicted = memory.per_rank_state_bytes(shapes[depth], s, n, "fp32", "adamw",
                                                 ddp_buckets=True).total
         got = max(r.held for r in pt)
-        checks.expect(got == predicted, "held-state prediction",
-                      f"{s} x{n}, {depth} blocks",
+        checks.expect("held-state prediction", f"{s} x{n}, {depth} blocks",
+                      got == predicted,
                       f"measured {got:,} B, predicted {predicted:,} B")
 b_mib = ledger.claim("tinylm.depth.block_params_fp32", round(b, 3), "MiB", **MODEL)
 print(f"one block: b = {b_mib:.3f} MiB of fp32 parameters; the measured state equals "
@@ -149,9 +149,9 @@ def line(run: tuple, phase: str) -> tuple[float, float, float]:
     slope, intercept = np.polyfit(DEPTHS, peak[phase][run], 1)
     resid = np.abs(peak[phase][run] - np.polyval((slope, intercept), DEPTHS)).max()
     rise = peak[phase][run][-1] - peak[phase][run][0]
-    checks.expect(bool(resid <= max(RESID_FLOOR_MIB, RESID_TOL * rise)),
-                  "linear in depth", f"{run[0]} x{run[1]}, {phase}",
-                  f"a line misses a point by {resid:.2f} MiB (the peak rises {rise:.1f} MiB)")
+    resid = checks.expect_close(  # a bound: the largest miss of the line, in MiB
+        "linear in depth", f"{run[0]} x{run[1]}, {phase}", float(resid), 0.0,
+        max(RESID_FLOOR_MIB, RESID_TOL * rise), f"largest residual (the peak rises {rise:.1f} MiB)")
     return slope, intercept, resid
 
 
@@ -159,35 +159,41 @@ fits = {run: (*line(run, "step"), np.polyfit(DEPTHS, held[run], 1)[0],
               line(run, "backward")[0]) for run in RUNS}
 ddp = {n: fits[Strategy.DDP, n][0] for n in NS}
 spread = max(ddp.values()) - min(ddp.values())
-checks.expect(bool(spread <= SLOPE_TOL * min(ddp.values())), "DDP independent of N",
-              "DDP", f"step slopes {ddp} MiB/block")
+checks.expect("DDP independent of N", "DDP",
+              bool(spread <= SLOPE_TOL * min(ddp.values())),
+              f"step slopes {ddp} MiB/block")
+held_checked = {}
 for (s, n), (slope, _, _, held_slope, _) in fits.items():
     expected = state_slope[s, n]
     extra = slope - expected
-    checks.expect(bool(abs(held_slope - expected) <= SLOPE_TOL * expected),
-                  "state slope", f"{s} x{n}", f"held state grows "
-                  f"{held_slope:.3f} MiB/block, the model {expected:.3f}")
-    checks.expect(bool(-SLOPE_TOL * expected <= extra <= REMAINDER_MAX * b),
-                  "step slope", f"{s} x{n}", f"the step's peak grows {slope:.3f} MiB/block, "
+    held_checked[s, n] = checks.expect_close(
+        "state slope", f"{s} x{n}", float(held_slope), expected, SLOPE_TOL,
+        "held state growth (MiB/block)", rel=True, against="the model's 5 b or 4 b / N")
+    checks.expect("step slope", f"{s} x{n}",
+                  bool(-SLOPE_TOL * expected <= extra <= REMAINDER_MAX * b),
+                  f"the step's peak grows {slope:.3f} MiB/block, "
                   f"{extra:+.3f} beyond the state's {expected:.3f}: not in "
                   f"[-{SLOPE_TOL:.0%} of it, +{REMAINDER_MAX} b]")
-    checks.expect(bool(slope >= 0.5 * expected), "not flat", f"{s} x{n}",
+    checks.expect("not flat", f"{s} x{n}", bool(slope >= 0.5 * expected),
                   f"slope {slope:.3f} MiB/block")
 
 
 def slope_claim(s: Strategy, n: int, what: str, value: float,
                 check: str | None) -> float:
-    """Record one fitted or predicted number of the table below, as it prints."""
-    digits = 1 if what.endswith("intercept") else 3
+    """Record one fitted or predicted number of the table below, as it prints: with the check
+    that returned it, else computed (a band checked by checks.expect is not a checked value)."""
+    fmt = ".1f" if what.endswith("intercept") else ".3f"
     unit = "MiB" if what.endswith(("intercept", "max_residual")) else "MiB per block"
-    return ledger.claim(f"depth.{s.value}.n{n}.{what}", round(float(value), digits),
-                        unit, guard=f"asserted: {check}" if check else "computed",
-                        world_size=n, depths=DEPTHS, ddp_buckets=True, **MODEL)
+    at = dict(world_size=n, depths=DEPTHS, ddp_buckets=True, **MODEL)
+    name = f"depth.{s.value}.n{n}.{what}"
+    if isinstance(value, checks.Checked):
+        return ledger.record(name, value, unit, fmt=fmt, **at)
+    return ledger.claim(name, float(value), unit, fmt=fmt, **at)
 
 
 rows = [(f"{s} x{n}",
          slope_claim(s, n, "step_slope", slope, "step slope"),
-         slope_claim(s, n, "held_slope", hs, "state slope"),
+         slope_claim(s, n, "held_slope", held_checked[s, n], "state slope"),
          slope_claim(s, n, "state_slope_model", state_slope[s, n], None),
          slope_claim(s, n, "step_intercept", intercept, None),
          slope_claim(s, n, "step_max_residual", resid, "linear in depth"))
@@ -222,14 +228,16 @@ backward_state = {(s, n): 3 * b if s is Strategy.DDP else 2 * b / n for s, n in 
 phase_rows = []
 for (s, n), (step_slope, _, _, _, backward_slope) in fits.items():
     state = backward_state[s, n]
-    checks.expect(bool(-SLOPE_TOL * state <= backward_slope - state <= REMAINDER_MAX * b),
-                  "backward slope", f"{s} x{n}", f"backward's peak grows "
+    checks.expect("backward slope", f"{s} x{n}",
+                  bool(-SLOPE_TOL * state <= backward_slope - state <= REMAINDER_MAX * b),
+                  f"backward's peak grows "
                   f"{backward_slope:.3f} MiB/block, its state {state:.3f}")
-    checks.expect(bool(step_slope > backward_slope), "step grows faster", f"{s} x{n}",
+    checks.expect("step grows faster", f"{s} x{n}", bool(step_slope > backward_slope),
                   f"step {step_slope:.3f} <= backward {backward_slope:.3f} MiB/block")
     deepest = {phase: peak[phase][s, n][-1] for phase in PHASES}
-    checks.expect(bool(deepest["step"] > deepest["backward"]), "step holds the peak",
-                  f"{s} x{n}, {DEPTHS[-1]} blocks", f"step {deepest['step']:.1f} MiB <= "
+    checks.expect("step holds the peak", f"{s} x{n}, {DEPTHS[-1]} blocks",
+                  bool(deepest["step"] > deepest["backward"]),
+                  f"step {deepest['step']:.1f} MiB <= "
                   f"backward {deepest['backward']:.1f} MiB")
     phase_rows.append((f"{s} x{n}", *(
         slope_claim(s, n, what, value, check) for what, value, check in (
@@ -255,18 +263,17 @@ for n in NS:
     r = ddp[n] - 5 * b
     model_ratio = (5 * b + r) / (4 * b / n + r)
     measured_ratio = fits[Strategy.DDP, n][0] / fits[Strategy.FSDP2, n][0]
-    checks.expect(bool(abs(measured_ratio / model_ratio - 1) <= RATIO_TOL),
-                  "growth ratio", f"N={n}", f"DDP's peak grows {measured_ratio:.2f}x "
-                  f"faster than FSDP2's; the model says {model_ratio:.2f}x "
-                  f"(r = {r:.3f} MiB/block)")
-    ratios[n] = tuple(
-        ledger.claim(f"depth.ddp_over_fsdp2.n{n}.{what}", round(v, 2), "x", guard=guard,
-                     world_size=n, depths=DEPTHS, **MODEL)
-        for what, v, guard in (
-            ("peak_growth_measured", measured_ratio, "asserted: growth ratio"),
-            ("peak_growth_model", model_ratio, "computed"),
-            ("state_growth_model", 1.25 * n, "computed"),
-            ("folklore", float(n), "computed")))
+    measured_ratio = checks.expect_close(
+        "growth ratio", f"N={n}", measured_ratio, model_ratio, RATIO_TOL,
+        f"DDP's peak growth over FSDP2's (r = {r:.3f} MiB/block)", rel=True,
+        against="the model's ratio")
+    at_n = dict(world_size=n, depths=DEPTHS, **MODEL)
+    ratios[n] = (
+        ledger.record(f"depth.ddp_over_fsdp2.n{n}.peak_growth_measured", measured_ratio, "x",
+                      fmt=".2f", **at_n),
+        *(ledger.claim(f"depth.ddp_over_fsdp2.n{n}.{what}", v, "x", fmt=".2f", **at_n)
+          for what, v in (("peak_growth_model", model_ratio),
+                          ("state_growth_model", 1.25 * n), ("folklore", float(n)))))
 RATIO_COLS = ["world size", "peak: measured", "peak: model", "state: 1.25 N",
               "folklore: N"]
 print(table([(f"N={n}", *v) for n, v in ratios.items()], RATIO_COLS,

@@ -125,16 +125,16 @@ START = max(*guide.launch(start_level, 4), *(r.start_vmdata for r in ddp_free))
 BUDGET_MIB = math.ceil((START + HEADROOM * P) / MiB)
 headroom = BUDGET_MIB * MiB - START
 need = max(r.peak for r in ddp_free)
-checks.expect(need > headroom, "DDP out of memory", "DDP x2",
-              f"peaks at {need / MiB:.0f} MiB, inside the {headroom / MiB:.0f} MiB "
-              "headroom: raise the model's size or lower HEADROOM, or DDP's failure "
-              "below is not its state")
+# If DDP peaks inside the headroom, raise the model's size or lower HEADROOM: DDP's failure
+# below would not be its state.
+need_order = checks.expect_order("DDP out of memory", "DDP x2", headroom / MiB, need / MiB,
+                                 low_name="the headroom", high_name="DDP's unconstrained peak",
+                                 unit="MiB", keep="high")
 start_mib = ledger.claim("oom.fresh_rank.vmdata", round(START / MiB), "MiB",
                          world_size="2 and 4")  # measured, this machine, this build
 budget = ledger.claim("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADROOM,
                       **RUN)
-need_mib = ledger.claim("oom.ddp.n2.unconstrained_peak", round(need / MiB), "MiB",
-                        guard="asserted: DDP out of memory", **RUN)
+need_mib = ledger.record("oom.ddp.n2.unconstrained_peak", need_order, fmt=".0f", **RUN)
 print(f"a fresh rank starts with VmData = {start_mib} MiB; budget per rank = {budget} "
       f"MiB = start + {HEADROOM} × P. Unconstrained, DDP x2 peaks {need_mib} MiB above "
       "its start.")
@@ -157,7 +157,7 @@ def run_under_budget(strategy: Strategy, n: int) -> list[dict] | guide.RankOutOf
 
 
 oom = run_under_budget(Strategy.DDP, 2)
-checks.expect(isinstance(oom, guide.RankOutOfMemory), "DDP out of memory", "DDP x2",
+checks.expect("DDP out of memory", "DDP x2", isinstance(oom, guide.RankOutOfMemory),
               f"trained {STEPS} steps within {BUDGET_MIB} MiB per rank: the budget no "
               "longer separates DDP from FSDP2. Lower HEADROOM.")
 print(str(oom).split("\n\n")[0])
@@ -165,13 +165,13 @@ print(str(oom).split("\n\n")[0])
 fsdp = {n: run_under_budget(Strategy.FSDP2, n) for n in (2, 4)}
 loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
 for n, results in fsdp.items():
-    checks.expect(isinstance(results, list), "FSDP2 fits", f"FSDP2 x{n}",
+    checks.expect("FSDP2 fits", f"FSDP2 x{n}", isinstance(results, list),
                   f"ran out of memory under {BUDGET_MIB} MiB per rank: "
                   f"{str(results).splitlines()[0]}")
     gap = checks.assert_losses_match(f"FSDP2 x{n} under {BUDGET_MIB} MiB", ref_losses,
                                      mean_over_ranks([r.losses for r in results]))
-    gap = ledger.claim(f"oom.fsdp2.n{n}.max_loss_gap", float(f"{gap:.1e}"), "nats",
-                       guard="asserted: loss equivalence", budget_mib=BUDGET_MIB, **RUN)
+    gap = ledger.record(f"oom.fsdp2.n{n}.max_loss_gap", gap, fmt=".1e", budget_mib=BUDGET_MIB,
+                        **RUN)
     print(f"FSDP2 x{n}: {STEPS} steps within {BUDGET_MIB} MiB per rank; losses match "
           f"the single-process reference within {gap:.1e} (tol {loss_tol:.0e})")
 
@@ -193,17 +193,15 @@ for (strategy, n), results in runs.items():
     predicted = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", OPTIMIZER,
                                             ddp_buckets=True).total
     measured = max(r.held for r in results)
-    checks.expect(measured == predicted, "held-state prediction", f"{strategy} x{n}",
-                  f"measured {measured:,} B, predicted {predicted:,} B")
+    held_checked = checks.expect_close("held-state prediction", f"{strategy} x{n}", measured,
+                                       predicted, 0, "bytes held", against="the parameter shapes")
     key, peak = f"oom.{strategy.value}.n{n}", max(r.peak for r in results)
-    held_mib = ledger.claim(f"{key}.held", round(measured / MiB, 1), "MiB",
-                            guard="asserted: held-state prediction", ddp_buckets=True,
-                            **RUN)
+    held_mib = ledger.record(f"{key}.held", held_checked.scaled(1 / MiB, "MiB"), fmt=".1f",
+                             ddp_buckets=True, **RUN)
     ddp = strategy is Strategy.DDP
-    check = "DDP out of memory" if ddp else "FSDP2 fits"
-    outcome = ledger.claim(f"{key}.under_budget",
+    outcome = ledger.claim(f"{key}.under_budget",  # a text (checked above): computed
                            "fails (out of memory)" if ddp else "trains", "outcome",
-                           guard=f"asserted: {check}", budget_mib=BUDGET_MIB, **RUN)
+                           budget_mib=BUDGET_MIB, **RUN)
     rows.append((f"{strategy} x{n}", predicted / MiB, held_mib, peak / MiB,
                  peak / headroom, outcome))
 
@@ -216,8 +214,10 @@ print(table(rows, ["run", "predicted held", "measured held", "measured peak",
                   "MiB"))
 asked = ("an unknown amount" if oom.requested_bytes is None
          else f"{oom.requested_bytes / MiB:.1f} MiB")
-over = ledger.claim("oom.ddp.n2.need_vs_headroom", round(need / headroom, 2), "x",
-                    guard="asserted: DDP out of memory", headroom_p=HEADROOM, **RUN)
+over = ledger.record("oom.ddp.n2.need_vs_headroom", checks.expect_order(
+    "DDP out of memory", "DDP x2", 1.0, need / headroom, low_name="1",
+    high_name="DDP's peak / headroom", unit="x", keep="high"), fmt=".2f", headroom_p=HEADROOM,
+    **RUN)
 print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with "
       f"{oom.limit_mib} MiB allowed; unconstrained it needs {over:.2f}x the headroom.")
 

@@ -79,9 +79,11 @@ RUN = dict(model="tinylm-2-blocks", optimizer="sgd", world_size=WORLD_SIZE)
 
 
 def gap(name: str, value: float, unit: str, check: str, **assumptions) -> float:
-    """Record a measured gap as this page prints it (2 digits), with its check."""
-    return ledger.claim(f"pitfalls.{name}", float(f"{value:.1e}"), unit,
-                        guard=f"asserted: {check}", **{**RUN, **assumptions})
+    """Record a measured gap as this page prints it (2 digits), with the check that measured
+    it (a gap no check returned is computed)."""
+    if isinstance(value, checks.Checked):
+        return ledger.record(f"pitfalls.{name}", value, unit, fmt=".1e", **{**RUN, **assumptions})
+    return ledger.claim(f"pitfalls.{name}", value, unit, fmt=".1e", **{**RUN, **assumptions})
 
 
 print(f"torch {torch.__version__}, {WORLD_SIZE} ranks, TinyLM with {CFG.n_layers} "
@@ -100,7 +102,7 @@ def assert_reproduces(pitfall: str, messages: list[str], expected: str) -> str:
     """One of ``messages`` (errors or warnings torch gave) contains ``expected``;
     returns it."""
     hit = next((m for m in messages if expected in m), None)
-    checks.expect(hit is not None, "pitfall reproduces", pitfall,
+    checks.expect("pitfall reproduces", pitfall, hit is not None,
                   f"torch {torch.__version__} no longer says {expected!r} (it said "
                   f"{messages!r}); the pitfall changed: update this section of the "
                   "page.")
@@ -113,7 +115,7 @@ def assert_differs(pitfall: str, reference: dict, got: dict, tol: float) -> floa
     gaps = [(got[k].double() - ref.double()).abs().max().item()
             for k, ref in reference.items()]
     worst = next((g for g in gaps if g != g), max(gaps))
-    checks.expect(any(not g <= tol for g in gaps), "pitfall reproduces", pitfall,
+    checks.expect("pitfall reproduces", pitfall, any(not g <= tol for g in gaps),
                   "the wrong way now matches the right one (worst gap "
                   f"{worst:.1e} <= {tol:.0e}) on torch {torch.__version__}: update "
                   "this section of the page.")
@@ -126,7 +128,7 @@ def assert_frozen(pitfall: str, before: dict, after: dict, losses: list[float],
     repeated batch the same every step, and no warning."""
     moved = max((after[k] - before[k]).abs().max().item() for k in before)
     frozen = moved == 0.0 and losses is not None and len(set(losses)) == 1
-    checks.expect(frozen and not warned, "pitfall reproduces", pitfall,
+    checks.expect("pitfall reproduces", pitfall, frozen and not warned,
                   f"parameters moved by {moved:.1e}, losses {losses}, warnings "
                   f"{warned} on torch {torch.__version__}: update this section of the "
                   "page.")
@@ -138,12 +140,12 @@ def assert_partial(pitfall: str, local_per_rank: list[float], full: float,
     norm), and the local norms are the norm's parts: the square root of the sum of
     their squares is the norm."""
     whole = math.sqrt(sum(x * x for x in local_per_rank))
-    checks.expect(any(not abs(x - full) <= tol for x in local_per_rank),
-                  "pitfall reproduces", pitfall,
+    checks.expect("pitfall reproduces", pitfall,
+                  any(not abs(x - full) <= tol for x in local_per_rank),
                   f"every rank's local norm {local_per_rank} equals the full norm "
                   f"{full}: update this section of the page (torch "
                   f"{torch.__version__}).")
-    checks.expect(abs(whole - full) <= tol, "partial norm", pitfall,
+    checks.expect("partial norm", pitfall, abs(whole - full) <= tol,
                   f"sqrt(sum of local norms squared) = {whole} but the norm is {full}.")
 
 
@@ -573,7 +575,8 @@ print(report.table([[s, *(c[s] for c in curves.values())]
                          f"{len(ONE_BATCH)} SGD steps"))
 moved = max((wrong["after"][k] - wrong["before"][k]).abs().max().item()
             for k in wrong["before"])
-FROZEN = dict(guard="asserted: pitfall reproduces", steps=len(ONE_BATCH), **RUN)
+# issue 23: unchecked, was asserted: pitfall reproduces
+FROZEN = dict(guard="computed", steps=len(ONE_BATCH), **RUN)
 said = ledger.claim("pitfalls.optimizer_first.messages", len(wrong["messages"]),
                     "messages", **FROZEN)
 moved = ledger.claim("pitfalls.optimizer_first.param_change", moved, "absolute",
@@ -613,8 +616,9 @@ if torch_source_says("already managed by another FSDP group"):
     symptom, outcome = "ValueError: ...already managed by another FSDP group", "raises"
 else:  # an older torch: no error, and the tie is broken
     broken = R["2"]["broken"]
-    checks.expect(broken is not None and not broken["tied"] and not broken["messages"],
-                  "pitfall reproduces", run, f"torch {torch.__version__}: {broken}")
+    checks.expect("pitfall reproduces", run,
+                  broken is not None and not broken["tied"] and not broken["messages"],
+                  f"torch {torch.__version__}: {broken}")
     worst = assert_differs(run, TIED_REFERENCE[1], broken["params"],
                            checks.PARAM_TOL["sgd"])
     error = (f"torch {torch.__version__} says nothing; head.weight is no longer "
@@ -623,7 +627,7 @@ else:  # an older torch: no error, and the tie is broken
     symptom, outcome = "none: the tie breaks silently", "untied"
 print(error)
 for r, res in enumerate(results):
-    checks.expect(all(res["2"]["tied"].values()), "tie kept", run + " (fixed)",
+    checks.expect("tie kept", run + " (fixed)", all(res["2"]["tied"].values()),
                   f"rank {r}: {res['2']['tied']}")
 checks.assert_learns(run + " (fixed)", R["2"]["losses"])
 tied_losses = mean_over_ranks([res["2"]["losses"] for res in results])
@@ -659,8 +663,9 @@ if torch_source_says("returned a view tensor"):
 else:
     warning = f"(torch {torch.__version__} gives no warning first)"
 print(warning, error, sep="\n\n")
-checks.expect(res["in place, no reshard"]["grads"] is not None, "hidden by no reshard",
-              run, f"backward failed: {res['in place, no reshard']['messages']}")
+checks.expect("hidden by no reshard", run,
+              res["in place, no reshard"]["grads"] is not None,
+              f"backward failed: {res['in place, no reshard']['messages']}")
 hidden_gap = checks.assert_params_match(
     run + ", reshard_after_forward=False", RESIDUAL_REFERENCE,
     res["in place, no reshard"]["grads"], GRAD_TOL, check="gradients")
@@ -685,10 +690,10 @@ SUMMARY.append([run, ("UserWarning: ...returned a view tensor; " if "UserWarning
 # 4. Outcome: reading a gradient norm
 # -----------------------------------
 run = "4. local part of a norm"
-checks.expect(all(len(res["4"]["placements"]) == 1 and
+checks.expect("pitfall reproduces", run,
+              all(len(res["4"]["placements"]) == 1 and
                   next(iter(res["4"]["placements"])).startswith("(_NormPartial(")
                   for res in results),
-              "pitfall reproduces", run,
               f"p.grad.norm() placements {R['4']['placements']}")
 rows = []
 for name, ref in NORM_REFERENCE.items():
@@ -706,13 +711,15 @@ if R["4"]["clip placements"].startswith("(_NormPartial("):  # pytorch #170862 (2
     assert_partial(run + ": clip_grad_norm_", clip_local, TOTAL_NORM_REFERENCE,
                    checks.LOSS_TOL)
 else:
-    checks.expect(R["4"]["clip placements"] == "(Replicate(),)", "pitfall reproduces",
-                  run, f"clip_grad_norm_ returns {R['4']['clip placements']}")
+    checks.expect("pitfall reproduces", run,
+                  R["4"]["clip placements"] == "(Replicate(),)",
+                  f"clip_grad_norm_ returns {R['4']['clip placements']}")
     checks.expect_close("gradient norm", run, clip_local,
                         [TOTAL_NORM_REFERENCE] * WORLD_SIZE, checks.LOSS_TOL,
                         what="clip_grad_norm_")
 total = ledger.claim("pitfalls.grad_norm.total", round(TOTAL_NORM_REFERENCE, 5),
-                     "gradient 2-norm", guard="asserted: gradient norm", step=0, **RUN)
+                     # issue 23: unchecked, was asserted: gradient norm
+                     "gradient 2-norm", guard="computed", step=0, **RUN)
 print(f"\np.grad.norm() placements: {next(iter(R['4']['placements']))}; "
       f"clip_grad_norm_ returns {R['4']['clip placements']}: its to_local() on rank 0, "
       f"{R['4']['clip local']:.5f}, is "
@@ -728,10 +735,10 @@ run = "5. DDP-style no_sync"
 wrong, right = R["5 wrong"], R["5 right"]
 error = assert_reproduces(run, wrong["messages"], "object has no attribute 'no_sync'")
 units = len(sharding.fsdp2_units(build_model(CFG)))
-checks.expect(wrong["reduce_scatters"] == K * units, "pitfall reproduces", run,
+checks.expect("pitfall reproduces", run, wrong["reduce_scatters"] == K * units,
               f"{wrong['reduce_scatters']} reduce-scatters per step, expected "
               f"{K} x {units}")
-checks.expect(right["reduce_scatters"] == units, "comm calls", run + " (fixed)",
+checks.expect("comm calls", run + " (fixed)", right["reduce_scatters"] == units,
               f"{right['reduce_scatters']} reduce-scatters per step, expected {units}")
 for name, r in (("DDP-style", wrong), ("set_requires_gradient_sync", right)):
     checks.assert_params_match(f"{run}, {name}", REFERENCE[1], r["params"],
@@ -745,7 +752,8 @@ calls = {  # (claim, reduce-scatters per step, check)
         "fixed", right["reduce_scatters"], "comm calls"),
 }
 calls = {way: ledger.claim(f"pitfalls.no_sync.{name}.reduce_scatters_per_step", int(n),
-                           "calls", guard=f"asserted: {check}", **ACCUMULATE)
+                           # issue 23: unchecked, was asserted: {check}
+                           "calls", guard="computed", **ACCUMULATE)
          for way, (name, n, check) in calls.items()}
 print(error)
 print(report.table(list(calls.items()),
@@ -766,13 +774,15 @@ seeded = {r: build_model(CFG, seed=r).tok_emb.weight for r in range(WORLD_SIZE)}
 chunks = chunk_sizes(CFG.vocab, WORLD_SIZE)
 patch = torch.cat([seeded[r][sum(chunks[:r]):sum(chunks[:r + 1])]
                    for r in range(WORLD_SIZE)])
-checks.expect(torch.equal(R["6 wrong"]["tok_emb.weight"], patch), "pitfall reproduces",
-              run, "the jointly held tok_emb is not rank r's rows of seed r's model")
+checks.expect("pitfall reproduces", run,
+              torch.equal(R["6 wrong"]["tok_emb.weight"], patch),
+              "the jointly held tok_emb is not rank r's rows of seed r's model")
 checks.assert_same_init(run + " (fixed)", initial, R["6 right"])
 origin = ", ".join(f"rows {sum(chunks[:r])}-{sum(chunks[:r + 1]) - 1} from seed {r}"
                    for r in range(WORLD_SIZE))
 seed_gap = ledger.claim("pitfalls.seed_per_rank.gap", round(seed_gap, 2), "absolute",
-                        guard="asserted: pitfall reproduces", **RUN)
+                        # issue 23: unchecked, was asserted: pitfall reproduces
+                        guard="computed", **RUN)
 print(f"tok_emb.weight as the ranks hold it: {origin}; worst gap to the seed-0 model "
       f"{seed_gap:.2f}")
 SUMMARY.append([run, "none: a patchwork of seeds", "same seed on every rank",
@@ -793,8 +803,8 @@ for name, r, groups in (("blocks only", wrong, blocks_only),
                         ("blocks + root", right, comm.fsdp2_groups(build_model(CFG)))):
     model_calls = comm.fsdp2_step(groups, WORLD_SIZE)
     for kind in ("all_gather", "reduce_scatter"):
-        checks.expect(r[kind + "s"] == sum(c.kind == kind for c in model_calls),
-                      "comm calls", f"{run}, {name}",
+        checks.expect("comm calls", f"{run}, {name}",
+                      r[kind + "s"] == sum(c.kind == kind for c in model_calls),
                       f"{r[kind + 's']} {kind} per step")
 checks.assert_sharded(run + " (fixed)",
                       [lay for res in results for lay in res["7 right"]["layouts"]],
@@ -814,7 +824,7 @@ def root_row(name: str, prefix: str, r: dict) -> list:
                        "KiB", precision="fp32", **RUN)
     return [name, kib,
             *(ledger.claim(f"{prefix}.{kind}s_per_step", int(r[kind + "s"]), "calls",
-                           guard="asserted: comm calls")
+                           guard="computed")  # issue 23: unchecked, was asserted: comm calls
               for kind in ("all_gather", "reduce_scatter"))]
 
 
@@ -833,20 +843,21 @@ SUMMARY.append(["8. meta-device init", "none: not the 1-process model",
 run = "9. reshard_after_forward=True"
 default = inspect.signature(fully_shard).parameters["reshard_after_forward"].default
 counts = {option: R["9"][option]["all_gathers"] for option in (None, True, False)}
-checks.expect(default is None, "pitfall reproduces", run,
+checks.expect("pitfall reproduces", run, default is None,
               f"the default is now {default!r}")
 for option, measured in counts.items():
     expected = sum(c.kind == "all_gather" for c in comm.fsdp2_step(
         comm.fsdp2_groups(build_model(CFG), option), WORLD_SIZE))
-    checks.expect(measured == expected, "comm calls", f"{run} ({option})",
+    checks.expect("comm calls", f"{run} ({option})", measured == expected,
                   f"{measured} all-gathers in a step, the semantics say {expected}")
-checks.expect(counts[True] == counts[None] + 1, "pitfall reproduces", run,
+checks.expect("pitfall reproduces", run, counts[True] == counts[None] + 1,
               f"True costs {counts[True]} all-gathers, the default {counts[None]}")
 print(f"fully_shard(..., reshard_after_forward={default!r}) is the default on torch "
       f"{torch.__version__}\n")
 VARIANT = {None: "fsdp2", True: "fsdp2_reshard_root", False: "fsdp2_no_reshard"}
 counts = {o: ledger.claim(f"tinylm.2-blocks.{VARIANT[o]}.all_gathers_per_step", n,
-                          "calls", guard="asserted: comm calls")
+                          # issue 23: unchecked, was asserted: comm calls
+                          "calls", guard="computed")
           for o, n in counts.items()}
 print(report.table([[repr(o), counts[o], R["9"][o]["root holds after forward"]]
                     for o in counts],

@@ -19,10 +19,10 @@ EXAMPLES = sorted(p.stem for p in (DOCS.parent / "examples").glob("plot_*.py"))
 def test_a_claim_is_returned_and_recorded(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(claims.LEDGER_ENV, str(tmp_path))
     ledger = claims.Ledger("plot_a")
-    assert ledger.claim("model.params", 217_728, "parameters", guard="asserted: x") == 217_728
-    ledger.claim("model.params", 217_728, "parameters", guard="asserted: x")  # same: fine
+    assert ledger.claim("model.params", 217_728, "parameters", guard="cited: x") == 217_728
+    ledger.claim("model.params", 217_728, "parameters", guard="cited: x")  # same: fine
     (record,) = claims.load(tmp_path)
-    assert (record.page, record.value, record.guard) == ("plot_a", 217_728, "asserted: x")
+    assert (record.page, record.value, record.guard) == ("plot_a", 217_728, "cited: x")
 
 
 def test_a_page_rerun_replaces_its_records(tmp_path, monkeypatch) -> None:

@@ -28,15 +28,19 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from guide.comm.expected import Collective, summarize
+from guide.checked import CheckFailed, Checked, Derived, Tautology
+from guide.comm.checks import ELEMENT_TOL, WIRE_TOL, check_volume, check_wire
 from guide.layout import ParamLayout, chunk_rows
 from guide.validate import positive_int
 
-__all__ = ["CheckFailed", "LEARN_MIN_DROP", "LOSS_TOL", "assert_learns", "PARAM_TOL", "assert_losses_match", "assert_params_match",
-           "assert_ranks_agree", "assert_replicated", "assert_same_init", "assert_sharded",
-           "expect", "expect_close", "max_abs_diff", "assert_hsdp_sharded",
-           "assert_replicas_identical",
+__all__ = ["CheckFailed", "Checked", "LEARN_MIN_DROP", "LOSS_TOL", "PARAM_TOL", "Tautology",
+           "assert_learns", "assert_losses_match", "assert_params_match", "assert_ranks_agree",
+           "assert_replicated", "assert_same_init", "assert_sharded", "expect", "expect_close",
+           "expect_order", "max_abs_diff", "assert_hsdp_sharded", "assert_replicas_identical",
            "ELEMENT_TOL", "WIRE_TOL", "check_volume", "check_wire"]
+
+#: What the equivalence checks compare with (the guard of a recorded gap says it).
+_REFERENCE = "the single-process reference"
 
 LOSS_TOL = 1e-5
 #: The least the loss of one batch must fall, re-evaluated after training, for a run to count as
@@ -48,9 +52,6 @@ LEARN_MIN_DROP = 1e-3
 PARAM_TOL = {"sgd": 1e-6, "adamw": 1e-3}
 
 
-class CheckFailed(AssertionError):
-    """A claim of the site did not hold. The message names the check."""
-
 
 
 def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
@@ -60,30 +61,81 @@ def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
     return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
 
 
-def expect(ok: bool, check: str, run: str, detail: str) -> None:
+def expect(check: str, run: str, ok: bool, detail: str) -> None:
     """One-line build assertion: raise :class:`CheckFailed` ``"[check] run: detail"`` unless ``ok``.
 
-    ``ok`` must be a real ``bool`` (write ``not gap <= tol`` style comparisons so NaN fails)."""
+    ``ok`` must be a real ``bool`` (write ``not gap <= tol`` style comparisons so NaN fails). It
+    returns nothing: a number it guards is not checked against a value, so record it as computed,
+    or check the number itself with :func:`expect_close` / :func:`expect_order` and record what
+    they return. Every check takes ``(check, run, ...)`` first."""
     if not isinstance(ok, bool):
         raise TypeError(f"expect() takes a bool, got {type(ok).__name__}: compare explicitly.")
     if not ok:
         raise CheckFailed(f"[{check}] {run}: {detail}")
 
 
+def _refuse_tautology(check: str, run: str, got: object, want: object) -> None:
+    same = got is want and not isinstance(got, int)  # small ints are one object in CPython
+    if same or isinstance(want, Derived) or (
+            isinstance(want, Sequence) and any(isinstance(w, Derived) for w in want)):
+        raise Tautology(f"[{check}] {run}: the reference is the checked value itself (the same "
+                        "object, or flagged guide.checked.derived): such a check proves nothing. "
+                        "Compare with an independent value (a formula from other inputs, torch's "
+                        "own instrument, a reference run), or record the number as computed.")
+
+
 def expect_close(check: str, run: str, got: Sequence[float] | float,
-                 want: Sequence[float] | float, tol: float, what: str = "value") -> float:
-    """Every ``got`` equals ``want`` within ``tol`` (NaN fails); returns the worst gap."""
+                 want: Sequence[float] | float, tol: float, what: str = "value", *,
+                 rel: bool = False, unit: str = "", against: str = "") -> Checked:
+    """Every ``got`` equals ``want`` within ``tol`` (absolute, or relative to ``want`` if ``rel``;
+    NaN fails), ``want`` being an independent value (``against`` says what it is, in words).
+
+    Returns what it checked: for one number, :class:`Checked` ``got`` matched to ``want`` (relation
+    ``"≈"``); for sequences, or a ``want`` of 0, the worst gap bounded by ``tol`` (relation
+    ``"≤"``). A ``want`` that is
+    ``got`` itself, or flagged :func:`guide.checked.derived`, raises :class:`Tautology`.
+    """
+    scalar = not isinstance(got, Sequence)
     got_l = list(got) if isinstance(got, Sequence) else [got]
     want_l = list(want) if isinstance(want, Sequence) else [want]
-    gaps = [abs(g - w) for g, w in zip(got_l, want_l)]
     if len(got_l) != len(want_l):
         raise CheckFailed(f"[{check}] {run}: {len(got_l)} {what}s, expected {len(want_l)}.")
+    gaps = [abs(g - w) / (abs(w) if rel else 1.0) if not (rel and w == 0) else
+            (0.0 if g == 0 else math.inf) for g, w in zip(got_l, want_l)]
     gap = next((g for g in gaps if g != g), max(gaps, default=0.0))  # NaN wins
     if not all(g <= tol for g in gaps):
-        raise CheckFailed(f"[{check}] {run}: {what} differs by {gap:.2e} > tol {tol:.0e} "
+        kind = f"{gap:.2%} > {tol:.0%}" if rel else f"{gap:.2e} > tol {tol:.0e}"
+        raise CheckFailed(f"[{check}] {run}: {what} differs by {kind} "
                           f"(got {got_l[:4]}{'...' if len(got_l) > 4 else ''}, expected "
                           f"{want_l[:4]}{'...' if len(want_l) > 4 else ''}).")
-    return gap
+    _refuse_tautology(check, run, got, want)
+    if scalar and want != 0:
+        return Checked(float(got), check=check, run=run, unit=unit, relation="≈", tol=tol,
+                       rel=rel, reference=float(want), against=against)
+    return Checked(gap, check=check, run=run, unit=unit, relation="≤", tol=tol, rel=rel,
+                   against=against)
+
+
+def expect_order(check: str, run: str, low: float, high: float, *, low_name: str,
+                 high_name: str, strict: bool = True, unit: str = "",
+                 keep: str = "low") -> Checked:
+    """``low < high`` (``<=`` unless ``strict``; NaN fails). Returns :class:`Checked` ``low``
+    (relation ``"<"``), or ``high`` if ``keep="high"`` (relation ``">"``): the ledger records it as
+    ``ordered: low_name < high_name`` (or ``high_name > low_name``), never as asserted, because an
+    ordering checks neither value."""
+    _refuse_tautology(check, run, low, high)
+    if keep not in ("low", "high"):
+        raise ValueError(f"expect_order: keep={keep!r} is 'low' or 'high'.")
+    ok = low < high if strict else low <= high
+    op = "<" if strict else "<="
+    if not ok:
+        raise CheckFailed(f"[{check}] {run}: expected {low_name} {op} {high_name}, got "
+                          f"{low:.4g} vs {high:.4g}.")
+    if keep == "high":
+        return Checked(float(high), check=check, run=run, unit=unit, relation=op.replace("<", ">"),
+                       reference=float(low), value_name=high_name, reference_name=low_name)
+    return Checked(float(low), check=check, run=run, unit=unit, relation=op,
+                   reference=float(high), value_name=low_name, reference_name=high_name)
 
 
 def assert_learns(run: str, losses: Sequence[float], min_drop: float = LEARN_MIN_DROP) -> float:
@@ -107,7 +159,8 @@ def assert_learns(run: str, losses: Sequence[float], min_drop: float = LEARN_MIN
         raise CheckFailed(f"[training happens] {run}: the loss fell by {drop:.2e} from step 0's "
                           f"{losses[0]:.6f} (needs >= {min_drop:.0e}): the optimizer step does not "
                           "apply the gradient (zero_grad after backward? a step that is skipped?).")
-    return drop
+    return Checked(drop, check="training happens", run=run, unit="nats", relation="≥",
+                   tol=min_drop, against="the loss of the same batch at step 0")
 
 
 def assert_losses_match(run: str, reference: Sequence[float], losses: Sequence[float],
@@ -129,7 +182,8 @@ def assert_losses_match(run: str, reference: Sequence[float], losses: Sequence[f
             f"single-process reference (step {first}: {losses[first]:.8f} vs "
             f"{reference[first]:.8f}, gap {gaps[first]:.2e} > tol {tol:.0e}; worst gap "
             f"{max(gaps):.2e}); {cause}")
-    return max(gaps)
+    return Checked(max(gaps, default=0.0), check="loss equivalence", run=run, unit="nats",
+                   tol=tol, against=_REFERENCE)
 
 
 def assert_params_match(run: str, reference: Mapping[str, torch.Tensor],
@@ -154,7 +208,7 @@ def assert_params_match(run: str, reference: Mapping[str, torch.Tensor],
     if not worst <= tol:
         raise CheckFailed(f"[{check}] {run}: {worst_name} differs from the single-process "
                           f"reference by {worst:.2e} > tol {tol:.0e}.{' ' + hint if hint else ''}")
-    return worst
+    return Checked(worst, check=check, run=run, unit="absolute", tol=tol, against=_REFERENCE)
 
 
 def assert_ranks_agree(run: str, per_rank: Sequence[Mapping[str, torch.Tensor]]) -> None:
@@ -200,9 +254,14 @@ def _expect_dtensors_from_every_rank(check: str, run: str, layouts: Sequence[Par
                               f"shape {lay.global_shape}, not a DTensor: fully_shard was not applied.")
 
 
-def assert_sharded(run: str, layouts: Sequence[ParamLayout], world_size: int) -> None:
-    """Each parameter on each rank is a DTensor with ``(Shard(dim=0),)`` holding its dim-0 chunk."""
+def assert_sharded(run: str, layouts: Sequence[ParamLayout],
+                   world_size: int) -> dict[int, Checked]:
+    """Each parameter on each rank is a DTensor with ``(Shard(dim=0),)`` holding its dim-0 chunk.
+
+    Returns, per rank, the elements it holds (:class:`Checked` against ``torch.chunk``'s rows)."""
     _expect_dtensors_from_every_rank("sharding", run, layouts, world_size)
+    held = {r: 0 for r in range(world_size)}
+    want = {r: 0 for r in range(world_size)}
     for lay in layouts:
         where = f"{lay.name} on rank {lay.rank}"
         if lay.placements != "(Shard(dim=0),)":
@@ -214,6 +273,11 @@ def assert_sharded(run: str, layouts: Sequence[ParamLayout], world_size: int) ->
             raise CheckFailed(f"[sharding] {run}: {where} holds a local shard of shape "
                               f"{lay.local_shape}; Shard(0) over {world_size} ranks gives "
                               f"{expected} (global {lay.global_shape}).")
+        held[lay.rank] += math.prod(lay.local_shape)
+        want[lay.rank] += math.prod(expected)
+    return {r: Checked(held[r], check="sharding", run=run, unit="elements", relation="≈", tol=0.0,
+                       reference=want[r], against="torch.chunk rows of each parameter")
+            for r in held}
 
 
 def assert_replicated(run: str, layouts: Sequence[ParamLayout],
@@ -312,65 +376,3 @@ def assert_replicas_identical(run: str,
         raise CheckFailed(f"[HSDP replicas] {run}: no shards to compare (no steps reported, or one "
                           "replica).")
     return compared
-
-
-# -- communication: measured collectives against guide.comm.expected ------------------------------
-
-#: How far measured element counts may sit from the communication model (relative) before a page
-#: fails (the communication example prints each run's gap).
-ELEMENT_TOL = 0.02
-
-#: How far a rank's measured wire bytes (``wchar``) may sit from the gloo model (relative): the gap
-#: is gloo's message headers; the communication example prints both for every run.
-WIRE_TOL = 0.02
-
-
-def check_volume(run: str, measured: Sequence[Collective], expected: Sequence[Collective],
-                 steps: int, tol: float = ELEMENT_TOL,
-                 exact_calls: Sequence[str] = ("all_gather", "reduce_scatter", "broadcast"),
-                 ) -> dict[tuple[str, str], tuple[float, int, float]]:
-    """Compare ``measured`` (all records of ``steps`` steps, :class:`guide.comm.CollectiveLog`) with
-    one step of ``expected`` (:mod:`guide.comm.expected`).
-
-    For each ``(kind, dtype)`` the measured elements per step must sit within ``tol`` (relative) of
-    the model, and for the kinds in ``exact_calls`` the calls per step must match exactly (DDP's
-    all-reduce is left out by default: how many buckets it uses is DDP's choice). Raises
-    :class:`CheckFailed` naming the run, kind and dtype; returns
-    ``{(kind, dtype): (measured elements/step, model elements/step, relative gap)}``.
-    """
-    got, want = summarize(measured, steps), summarize(expected)
-    if set(got) != set(want):
-        raise CheckFailed(
-            f"[comm volume] {run}: issued {sorted(got)} (kind, dtype) per step, the model says "
-            f"{sorted(want)}.")
-    out = {}
-    for key, row in want.items():
-        m, e = got[key]["numel"], row["numel"]
-        gap = abs(m - e) / e if e else float(m != 0)
-        if not gap <= tol:
-            raise CheckFailed(
-                f"[comm volume] {run}: {key[0]} in {key[1]} moved {m:,.0f} elements per step, the "
-                f"model says {e:,} (gap {gap:.2%} > {tol:.0%}).")
-        if key[0] in exact_calls and got[key]["calls"] != row["calls"]:
-            raise CheckFailed(
-                f"[comm calls] {run}: {got[key]['calls']:g} {key[0]} calls in {key[1]} per step, "
-                f"the model says {row['calls']}.")
-        out[key] = (m, e, gap)
-    return out
-
-
-def check_wire(run: str, wire_bytes_per_rank: Sequence[int | None], expected_per_rank: float,
-               steps: int, tol: float = WIRE_TOL) -> list[float]:
-    """Each rank's measured wire bytes per step must sit within ``tol`` of ``expected_per_rank``
-    (e.g. the sum of :func:`guide.comm.gloo_bytes` over one step's model). Raises
-    :class:`CheckFailed` naming the run and rank; returns the bytes per step per rank."""
-    if any(w is None for w in wire_bytes_per_rank):
-        raise CheckFailed(f"[comm wire] {run}: /proc/self/io is not readable here; no wire bytes.")
-    per_step = [w / steps for w in wire_bytes_per_rank]
-    for rank, w in enumerate(per_step):
-        gap = abs(w - expected_per_rank) / expected_per_rank
-        if not gap <= tol:
-            raise CheckFailed(
-                f"[comm wire] {run}: rank {rank} wrote {w:,.0f} B per step, the gloo model says "
-                f"{expected_per_rank:,.0f} B (gap {gap:.2%} > {tol:.0%}).")
-    return per_step

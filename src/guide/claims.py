@@ -1,11 +1,38 @@
 """The ledger of claims: every number a page states, recorded with what it depends on.
 
-A page states a number (in prose, a table or a figure title) through :meth:`Ledger.claim`, which
-returns the value so the page prints what it recorded. Each record carries a stable name, the value,
-its unit, the assumptions it depends on (model, precision, optimizer, DDP buckets counted or not,
-N, sequence length, hardware) and how it is guarded: ``"asserted: <check>"`` (a build check fails if
-it is wrong), ``"computed"`` (the shipped code computed it, nothing compares it to an independent
-value) or ``"cited: <source>"`` (a constant from a paper, a datasheet, a release).
+A page states a number (in prose, a table or a figure title) through the ledger, which returns the
+value so the page prints what it recorded. Each record carries a stable name, the value, the text
+the page shows for it (``shown``), its unit, the assumptions it depends on (model, precision,
+optimizer, DDP buckets counted or not, N, sequence length, hardware) and its guard, of four kinds:
+
+* ``asserted: <check> (...)``: a check of :mod:`guide.checks` compared the number with an
+  independent value and would have failed the build. Only :meth:`Ledger.record` writes it, from the
+  :class:`guide.checked.Checked` the check returned; it cannot be typed.
+* ``ordered: a < b``: a check ordered two quantities (:func:`guide.checks.expect_order`); also
+  only through :meth:`Ledger.record`.
+* ``computed``: the shipped code computed it; nothing independent compares it
+  (:meth:`Ledger.claim`, the default).
+* ``cited: <source>``: a constant from a paper, a datasheet, a release, a file
+  (:meth:`Ledger.claim` with ``guard="cited: <source>"``).
+
+Assumptions shared by a page's numbers are given once: ``Ledger(page, model=..., world_size=2)``
+and ``with ledger.scope(steps=20):``; a call's own keywords add to (or override) them.
+
+A page, in short::
+
+    ledger = claims.Ledger("plot_x", model=repr(CFG), world_size=WORLD_SIZE)
+    gap = checks.assert_losses_match(run, ref_losses, losses)   # a Checked: the check ran
+    ledger.record("x.loss_gap", gap, fmt=".1e")                 # asserted: loss equivalence (...)
+    kept = checks.expect_close("memory", run, got, want, tol, unit="B", against="the shapes")
+    ledger.record("x.kept", kept.scaled(1 / 2**20, "MiB"), fmt=".2f")
+    ledger.record("x.async_ms", checks.expect_order("save", run, a, b, low_name="async",
+                                                    high_name="blocking"))  # ordered: a < b
+    ledger.claim("x.ratio", ratio, "x", fmt=".2f")              # computed
+    report.table(rows, cols, record=ledger, name="x.table")    # every number cell recorded
+
+Prose states a recorded number with the ``claim`` role (``docs/ledger_ext.py``):
+``:claim:`x.loss_gap``` in a gallery text cell, ``{claim}`x.kept <unit>``` in a MyST page.
+After the build, :mod:`guide.rendered` reports every printed number the page's ledger lacks.
 
 During the docs build (``GUIDE_LEDGER_DIR`` set by ``docs/conf.py``) each page's records go to one
 JSON-lines file in that directory, rewritten whenever the page runs. :func:`contradictions` reads all
@@ -16,23 +43,28 @@ records stay in memory: the page still checks itself for contradictions, nothing
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Claim", "Contradiction", "Ledger", "LEDGER_ENV", "by_name", "contradictions", "load",
-           "missing_pages", "raise_on_contradictions"]
+from guide.checked import Checked
+
+__all__ = ["Claim", "Contradiction", "GUARD_KINDS", "Ledger", "LEDGER_ENV", "by_name",
+           "contradictions", "load", "missing_pages", "raise_on_contradictions", "shown_text"]
 
 #: The environment variable naming the directory the build's ledger is written to.
 LEDGER_ENV = "GUIDE_LEDGER_DIR"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.\-/]*$")
 _PAGE = re.compile(r"^[a-z0-9][a-z0-9_\-/]*$")
-_GUARD = re.compile(r"^(asserted: .+|computed|cited: .+)$")
+_GUARD = re.compile(r"^(asserted: .+|ordered: .+|computed|cited: .+)$")
+#: The kinds of guard, strongest first.
+GUARD_KINDS = ("asserted", "ordered", "computed", "cited")
 #: Two float values of one claim agree if they are equal to this relative precision (they are
 #: printed to at most 4 significant digits; a real disagreement is far larger).
 REL_TOL = 1e-9
@@ -48,6 +80,24 @@ class Claim:
     page: str
     assumptions: tuple[tuple[str, str], ...]
     guard: str
+    #: The value as the page shows it (``"7,559.6"``, ``"24.7%"``); ``""``: as :func:`shown_text`.
+    shown: str = ""
+
+    @property
+    def kind(self) -> str:
+        """The guard's kind: one of :data:`GUARD_KINDS`."""
+        return self.guard.split(":")[0]
+
+    @property
+    def check(self) -> str:
+        """The guard without its kind and figures: the check's name, or the source cited."""
+        rest = self.guard.partition(": ")[2]
+        return rest.split(" (")[0] if self.kind in ("asserted", "ordered") else rest
+
+    @property
+    def text(self) -> str:
+        """The value exactly as the page states it."""
+        return self.shown or shown_text(self.value)
 
     def same_as(self, other: Claim) -> bool:
         """Same value (to :data:`REL_TOL` for floats), unit and assumptions."""
@@ -65,7 +115,7 @@ class Claim:
     def from_json(cls, line: str) -> Claim:
         d = json.loads(line)
         return cls(d["name"], d["value"], d["unit"], d["page"],
-                   tuple(sorted(d["assumptions"].items())), d["guard"])
+                   tuple(sorted(d["assumptions"].items())), d["guard"], d.get("shown", ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,43 +134,124 @@ class Contradiction:
                 f"{dict(b.assumptions)}")
 
 
-class Ledger:
-    """The claims of one page. Create one per page: ``ledger = claims.Ledger("plot_memory")``.
+def shown_text(value: float | int | str, fmt: str | None = None) -> str:
+    """How a value reads on a page: ``format(value, fmt)``, else the number as recorded with
+    thousands separators (``1,356.7``, ``217,728``): pages record numbers rounded as they print
+    them, or give ``fmt``/``shown``."""
+    if isinstance(value, str):
+        return value
+    if fmt is not None:
+        return format(value, fmt)
+    return f"{value:,}"
 
-    In the docs build the page's previous records are replaced by this run's.
+
+def _rounded(value: float, text: str) -> float:
+    """``value`` as the number ``text`` shows (``"24.7%"`` -> 0.247, ``"1,314.2"`` -> 1314.2,
+    ``"8"`` -> 8, an int)."""
+    t = text.replace(",", "").replace("−", "-").strip()
+    if t.endswith("%"):
+        return float(t[:-1]) / 100
+    try:
+        return int(t) if re.fullmatch(r"-?\d+", t) else float(t)
+    except ValueError:
+        return value
+
+
+class Ledger:
+    """The claims of one page: ``ledger = claims.Ledger("plot_memory", model="TinyLM")``.
+
+    Keyword arguments are assumptions every claim of the page shares (given once, not per call);
+    :meth:`scope` adds more for a block. In the docs build the page's previous records are
+    replaced by this run's.
     """
 
-    def __init__(self, page: str) -> None:
+    def __init__(self, page: str, **assumptions: Any) -> None:
         if not _PAGE.match(page):
             raise ValueError(f"page {page!r}: use the page's file name without extension, e.g. "
                              "'plot_ddp_vs_fsdp2' or 'pages/memory_calculator'.")
         self.page = page
         self.records: list[Claim] = []
+        self._scopes: list[dict[str, Any]] = [dict(assumptions)]
         directory = os.environ.get(LEDGER_ENV)
         self.path = Path(directory) / (page.replace("/", "__") + ".jsonl") if directory else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text("")
 
-    def claim(self, name: str, value: Any, unit: str, *, guard: str = "computed",
-              **assumptions: Any) -> Any:
-        """Record that this page states ``value`` (in ``unit``) under ``name``; return ``value``.
+    @contextlib.contextmanager
+    def scope(self, **assumptions: Any) -> Iterator[Ledger]:
+        """Within ``with ledger.scope(steps=20):`` every claim also depends on ``steps=20``."""
+        self._scopes.append(dict(assumptions))
+        try:
+            yield self
+        finally:
+            self._scopes.pop()
 
-        ``guard`` says how a wrong value would be caught (see the module docstring);
-        ``assumptions`` are what the number depends on (``model="Llama-3-70B"``, ``buckets=True``,
-        ``world_size=8``...). A name this page already stated with another value raises at once.
+    def claim(self, name: str, value: Any, unit: str, *, guard: str = "computed",
+              fmt: str | None = None, shown: str | None = None, **assumptions: Any) -> Any:
+        """Record that this page states ``value`` (in ``unit``) under ``name``; return it.
+
+        ``guard`` is ``"computed"`` (the default) or ``"cited: <source>"``; an ``asserted`` or
+        ``ordered`` guard comes only from a check (:meth:`record`). ``fmt`` is how the page shows
+        the number (``",.1f"``, ``".1%"``), or ``shown`` the text itself: the ledger keeps that
+        text, and the value returned and recorded is the number it shows (so a page prints what
+        it recorded, and the ledger page states it the same way).
+        ``assumptions`` add to the page's and the scope's (``buckets=True``, ``world_size=8``...).
+        A name this page already stated with another value raises at once.
         """
+        if guard.startswith(("asserted", "ordered")):
+            raise ValueError(
+                f"claim {name!r}: guard {guard!r} is typed. An asserted or ordered guard comes "
+                "from the check that ran: `ledger.record(name, checks.expect_close(...))` (or "
+                "the value another guide.checks check returned); if no check compares the number "
+                "with an independent value, record it as computed.")
+        return self._add(name, value, unit, guard, fmt, shown, assumptions)
+
+    def record(self, name: str, checked: Checked, unit: str | None = None, *,
+               fmt: str | None = None, shown: str | None = None, **assumptions: Any) -> float:
+        """Record a value a check returned (:class:`guide.checked.Checked`); return it as shown.
+
+        The guard is the check's (``checked.guard()``): ``asserted: <check> (...)`` for a bound or
+        a match, ``ordered: a < b`` for an ordering. ``unit`` defaults to the check's. A match
+        whose allowance reaches 0 or the opposite sign is refused: tighten the check, or record
+        the number as computed. ``fmt``, ``shown`` and ``assumptions`` as in :meth:`claim`.
+        """
+        if not isinstance(checked, Checked):
+            raise TypeError(f"record {name!r}: got {type(checked).__name__} {checked!r}, not the "
+                            "value a guide.checks check returned; use ledger.claim(...) for a "
+                            "computed or cited number.")
+        if checked.reaches_zero():
+            raise ValueError(
+                f"record {name!r}: {float(checked):.4g} ± {checked.allowance():.2g} "
+                f"({checked.check}) allows 0 or the opposite sign, so the check proves no value: "
+                "tighten the allowance, or record the number with ledger.claim (computed).")
+        unit = checked.unit if unit is None else unit
+        return self._add(name, float(checked), unit, checked.guard(), fmt, shown, assumptions)
+
+    def _add(self, name: str, value: Any, unit: str, guard: str, fmt: str | None,
+             shown: str | None, assumptions: Mapping[str, Any]) -> Any:
         if not _NAME.match(name):
             raise ValueError(f"claim name {name!r}: lower case, digits and . _ - / only.")
         if not _GUARD.match(guard):
-            raise ValueError(f"claim {name!r}: guard {guard!r} must be 'asserted: <check>', "
-                             "'computed' or 'cited: <source>'.")
+            raise ValueError(f"claim {name!r}: guard {guard!r} must be 'computed' or "
+                             "'cited: <source>' (asserted/ordered come from ledger.record).")
+        if isinstance(value, Checked):
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise TypeError(f"claim {name!r}: value must be a number or a string, got {value!r}.")
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"claim {name!r}: value {value} is not finite.")
+        if shown is None and fmt is not None and not isinstance(value, str):
+            shown = shown_text(value, fmt)
+        if shown and not isinstance(value, str):
+            value = _rounded(value, shown)
+        merged: dict[str, Any] = {}
+        for scope in self._scopes:
+            merged.update(scope)
+        merged.update(assumptions)
         record = Claim(name, value, unit, self.page,
-                       tuple(sorted((k, str(v)) for k, v in assumptions.items())), guard)
+                       tuple(sorted((k, str(v)) for k, v in merged.items())), guard,
+                       shown or "")
         raise_on_contradictions([*self.records, record])
         if not any(r.name == name for r in self.records):
             self.records.append(record)

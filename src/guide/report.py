@@ -1,16 +1,35 @@
-"""Tables a page prints: one helper, so no page pads columns by hand.
+"""What a page prints: tables and conclusions, one helper each, so no page pads columns by hand.
 
-:func:`table` takes rows of values and renders them as an aligned plain-text table (what a script,
-a notebook cell and a gallery page all show the same way). Floats are formatted by a per-column
-format or ``{:.3g}``; ints with thousands separators.
+* :func:`table` renders rows as a :class:`Table`: a ``str`` (the aligned plain-text table that
+  ``print`` and ``python example.py`` show) with ``_repr_html_`` (an HTML table in a notebook, and
+  on a gallery page when the table is the **last expression of its cell**: sphinx-gallery's
+  ``capture_repr`` shows ``_repr_html_``). ``record=ledger, name="main-example.gaps"`` records every
+  number cell in the page's ledger as it is shown (``<name>.<row>.<column>``), so a table never
+  prints a number the ledger lacks.
+* :func:`show` returns a table for a cell's last line and prints it where nothing would display it
+  (``python example.py``): ``report.show(report.table(...))``.
+* :func:`conclusion` prints a sentence wrapped to :data:`WIDTH` columns: never one 300-character
+  line in a ``<pre>``.
+
+Floats are formatted by a per-column format or ``{:.3g}``; ints with thousands separators.
 """
 
 from __future__ import annotations
 
+import html
+import re
+import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["table"]
+from guide.checked import Checked
+
+__all__ = ["Table", "WIDTH", "conclusion", "show", "table"]
+
+#: Columns a printed conclusion wraps at (fits the content column of a page at 1440 px).
+WIDTH = 88
+_SLUG = re.compile(r"[^a-z0-9_.\-]+")
 
 
 def _cell(value: Any, fmt: str | None) -> str:
@@ -25,13 +44,77 @@ def _cell(value: Any, fmt: str | None) -> str:
     return str(value)
 
 
+def _slug(text: object) -> str:
+    return _SLUG.sub("_", str(text).lower()).strip("_.-") or "_"
+
+
+class Table(str):
+    """A rendered table: the plain text (it *is* the ``str``), plus ``_repr_html_``.
+
+    ``columns`` and ``cells`` (the shown text of every cell) and ``title`` stay available.
+    """
+
+    columns: tuple[str, ...]
+    cells: tuple[tuple[str, ...], ...]
+    title: str | None
+
+    def __new__(cls, text: str, columns: Sequence[str], cells: Sequence[Sequence[str]],
+                title: str | None) -> Table:
+        self = super().__new__(cls, text)
+        self.columns, self.title = tuple(columns), title
+        self.cells = tuple(tuple(r) for r in cells)
+        return self
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        right = ' style="text-align:right"'
+        head = "".join(f"<th{'' if i == 0 else right}>{e(c)}</th>"
+                       for i, c in enumerate(self.columns))
+        body = "".join("<tr>" + "".join(f"<td{'' if i == 0 else right}>{e(v)}</td>"
+                                        for i, v in enumerate(row)) + "</tr>"
+                       for row in self.cells)
+        caption = f"<caption>{e(self.title)}</caption>" if self.title else ""
+        return (f'<table class="guide-table docutils">{caption}<thead><tr>{head}</tr></thead>'
+                f"<tbody>{body}</tbody></table>")
+
+    def __repr__(self) -> str:  # a bare `table` at a prompt reads as the table, not a str literal
+        return str(self)
+
+
+def _rich_display() -> bool:
+    """Whether something shows a cell's last value (a sphinx-gallery build, an IPython kernel)."""
+    if "sphinx_gallery" in sys.modules:
+        return True
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
+
+
+def show(obj: Table) -> Table:
+    """Return ``obj`` for a cell's last line; print it where no display would (``python x.py``)."""
+    if not _rich_display():
+        print(obj)
+    return obj
+
+
+def conclusion(text: str) -> None:
+    """Print ``text`` (a page's verdict) wrapped to :data:`WIDTH` columns, blank line before."""
+    print("\n" + textwrap.fill(" ".join(text.split()), WIDTH))
+
+
 def table(rows: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]],
           columns: Sequence[str] | None = None,
-          formats: Mapping[str, str] | None = None, title: str | None = None) -> str:
+          formats: Mapping[str, str] | None = None, title: str | None = None, *,
+          record: Any = None, name: str | None = None, keys: Sequence[str] | None = None,
+          **assumptions: Any) -> Table:
     """Render ``rows`` (sequences in ``columns`` order, or dicts keyed by column) as a table.
 
     The first column is left-aligned, the others right-aligned. ``formats`` maps a column name to a
-    format spec (``".1e"``, ``",.1f"``). Returns the text; pages ``print`` it.
+    format spec (``".1e"``, ``",.1f"``). With ``record=ledger, name="table"`` every number cell is
+    recorded in ``ledger`` (a :class:`guide.claims.Ledger`) as ``<name>.<row key>.<column>``,
+    its value as shown: a :class:`~guide.checked.Checked` cell with its check's guard, any other
+    number as computed; ``keys`` names the rows (default: the first column's text, slugged);
+    ``assumptions`` add to the ledger's. Returns the :class:`Table`; pages ``print`` it or make it
+    a cell's last expression (an HTML table on the built page).
     """
     rows = list(rows)
     if columns is None:
@@ -43,13 +126,20 @@ def table(rows: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]],
     if unknown:
         raise ValueError(f"table: formats for unknown columns {sorted(unknown)}; columns are "
                          f"{list(columns)}.")
-    cells = []
+    if (record is None) != (name is None):
+        raise ValueError("table: give both record=ledger and name='<table name>', or neither.")
+    if keys is not None and len(keys) != len(rows):
+        raise ValueError(f"table: {len(keys)} keys for {len(rows)} rows.")
+    values_by_row, cells = [], []
     for row in rows:
         values = [row[c] for c in columns] if isinstance(row, Mapping) else list(row)
         if len(values) != len(columns):
             raise ValueError(f"table: a row has {len(values)} values for {len(columns)} columns: "
                              f"{values!r}.")
+        values_by_row.append(values)
         cells.append([_cell(v, formats.get(c)) for c, v in zip(columns, values)])
+    if record is not None:
+        _record(record, name, columns, values_by_row, cells, keys, assumptions)
     widths = [max(len(str(c)), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
 
     def line(values: Sequence[str]) -> str:
@@ -58,4 +148,24 @@ def table(rows: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]],
 
     out = [title] if title else []
     out += [line(list(columns)), line(["-" * w for w in widths]), *(line(r) for r in cells)]
-    return "\n".join(out)
+    return Table("\n".join(out), [str(c) for c in columns], cells, title)
+
+
+def _record(ledger: Any, name: str, columns: Sequence[str], values_by_row: list[list[Any]],
+            cells: list[list[str]], keys: Sequence[str] | None,
+            assumptions: Mapping[str, Any]) -> None:
+    row_keys = [_slug(k) for k in keys] if keys is not None else [_slug(r[0]) for r in cells]
+    seen = {k for k in row_keys if row_keys.count(k) > 1}
+    if seen:
+        raise ValueError(f"table {name!r}: rows {sorted(seen)} share a key; give keys=[...] "
+                         "naming each row.")
+    for key, values, shown in zip(row_keys, values_by_row, cells):
+        for column, value, text in zip(columns, values, shown):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            claim = f"{name}.{key}.{_slug(column)}"
+            unit = ""
+            if isinstance(value, Checked):
+                ledger.record(claim, value, shown=text, **assumptions)
+            else:
+                ledger.claim(claim, value, unit, shown=text, **assumptions)

@@ -25,9 +25,9 @@ NAN, INF = math.nan, math.inf
 # -- expect / expect_close / max_abs_diff ------------------------------------------------------------
 
 def test_expect_raises_with_check_run_and_detail_and_passes_true() -> None:
-    assert checks.expect(True, "c", "r", "d") is None
+    assert checks.expect("c", "r", True, "d") is None
     with pytest.raises(CheckFailed, match=r"^\[comm calls\] FSDP2 x2: 3 all_gather per step$"):
-        checks.expect(False, "comm calls", "FSDP2 x2", "3 all_gather per step")
+        checks.expect("comm calls", "FSDP2 x2", False, "3 all_gather per step")
 
 
 @pytest.mark.parametrize("truthy", [1, np.bool_(True), torch.tensor(True), "yes", [1]])
@@ -35,7 +35,7 @@ def test_expect_refuses_what_is_not_a_bool(truthy: object) -> None:
     """A tensor or NumPy bool would let ``tensor(nan) <= tol``-style mistakes through silently."""
     with pytest.raises(TypeError, match=rf"expect\(\) takes a bool, got {type(truthy).__name__}: "
                                         "compare explicitly"):
-        checks.expect(truthy, "c", "r", "d")  # type: ignore[arg-type]
+        checks.expect("c", "r", truthy, "d")  # type: ignore[arg-type]
 
 
 def test_max_abs_diff_is_the_largest_absolute_gap() -> None:
@@ -46,8 +46,10 @@ def test_max_abs_diff_is_the_largest_absolute_gap() -> None:
         checks.max_abs_diff([1.0, 2.0], [1.0, 2.0, 3.0])
 
 
-def test_expect_close_passes_up_to_tol_and_returns_the_worst_gap() -> None:
-    assert checks.expect_close("c", "r", 1.5, 1.0, tol=0.5) == 0.5  # equal to tol: passes
+def test_expect_close_passes_up_to_tol_and_returns_what_it_checked() -> None:
+    one = checks.expect_close("c", "r", 1.5, 1.0, tol=0.5)  # equal to tol: passes
+    assert (one, one.reference, one.tol, one.relation, one.kind) == (1.5, 1.0, 0.5, "≈", "asserted")
+    assert checks.expect_close("c", "r", -2e-6, 0.0, tol=1e-5) == 2e-6  # against 0: a bound
     assert checks.expect_close("c", "r", [1.0, 2.25, 3.0], [1.0, 2.0, 3.125], tol=1.0) == 0.25
     assert checks.expect_close("c", "r", [], [], tol=0.0) == 0.0
 

@@ -77,16 +77,17 @@ def test_ledgers_of_several_pages_load_together(tmp_path: Path, monkeypatch) -> 
 
 def test_a_claim_records_every_field() -> None:
     ledger = claims.Ledger("plot_a")
-    assert ledger.claim("m.params", 217_728, "parameters", guard="asserted: x", n=2) == 217_728
+    assert ledger.claim("m.params", 217_728, "parameters", guard="cited: x", n=2) == 217_728
     assert ledger.records == [Claim("m.params", 217_728, "parameters", "plot_a", (("n", "2"),),
-                                    "asserted: x")]
+                                    "cited: x")]
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(name="Bad Name", value=1), ValueError,
      "claim name 'Bad Name': lower case, digits and . _ - / only."),
     (dict(name="ok", value=1, guard="checked"), ValueError,
-     "claim 'ok': guard 'checked' must be 'asserted: <check>', 'computed' or 'cited: <source>'."),
+     "claim 'ok': guard 'checked' must be 'computed' or 'cited: <source>' (asserted/ordered "
+     "come from ledger.record)."),
     (dict(name="ok", value=True), TypeError, "claim 'ok': value must be a number or a string, got True."),
     (dict(name="ok", value=[1]), TypeError, "claim 'ok': value must be a number or a string, got [1]."),
     (dict(name="ok", value=float("inf")), ValueError, "claim 'ok': value inf is not finite."),

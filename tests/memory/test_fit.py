@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from guide.dtensor import chunk_sizes
+from guide.layout import chunk_sizes
 from guide.memory import PRESETS, per_rank_state_bytes, unsharded_param_bytes
 from guide.memory.fit import (
     FIT_STRATEGIES,

@@ -11,7 +11,8 @@ Prediction and measurement side by side, as for memory:
   seconds on nodes of GPUs joined by NVLink and NICs (:class:`Topology`, :func:`collective_seconds`).
 
 The build assertions that compare them (:func:`guide.checks.check_volume`,
-:func:`guide.checks.check_wire`) live with the other checks in :mod:`guide.checks`.
+:func:`guide.checks.check_wire`) live in :mod:`guide.comm.checks`, re-exported by
+:mod:`guide.checks`.
 """
 
 from guide.comm.cost import (

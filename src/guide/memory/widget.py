@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import guide
-from guide import dtensor
+from guide import layout
 from guide.memory import activations, architectures, fit, predicted, state
 from guide.memory.activations import CHECKPOINTING
 from guide.memory.architectures import PRESETS
@@ -58,11 +58,11 @@ class StaleWidget(RuntimeError):
 
 def source_hash() -> str:
     """12 hex digits of SHA-256 over the Python sources the port mirrors (line endings
-    normalised): the memory model's modules and ``guide.dtensor.chunk_sizes``."""
+    normalised): the memory model's modules and ``guide.layout.chunk_sizes``."""
     digest = hashlib.sha256()
     for module in (fit, predicted, activations, architectures, state):
         digest.update(Path(module.__file__).read_bytes().replace(b"\r\n", b"\n"))
-    digest.update(inspect.getsource(dtensor.chunk_sizes).encode())
+    digest.update(inspect.getsource(layout.chunk_sizes).encode())
     return digest.hexdigest()[:12]
 
 

@@ -1,0 +1,146 @@
+"""What a check checked: the value it passed, carrying the check that passed it.
+
+Every check of :mod:`guide.checks` that compares numbers returns a :class:`Checked`: a ``float``
+(so a page computes with it as before) that also says which check ran, on which run, against which
+independent value and with which allowance. :meth:`guide.claims.Ledger.record` takes its guard from
+it, so an ``asserted`` guard in the ledger always names a check that ran; it cannot be typed.
+
+Three relations, one per way a number can be checked:
+
+* ``"≤"`` (a bound): ``value`` (a gap, an error) is at most ``tol``; the guard reads
+  ``asserted: loss equivalence (|Δ| 2.1e-07 ≤ 1e-05 vs the single-process reference)``.
+* ``"≈"`` (a match): ``value`` sits within ``tol`` of ``reference``, an independent value (a
+  formula, torch's own instrument, a single-process run). Recording it as asserted is refused when the
+  allowance reaches 0 or the opposite sign (``0.28 ± 0.31``): the check would pass a zero.
+* ``"<"`` / ``"≤ ordered"`` (an ordering): ``value`` is below ``reference``; the ledger records
+  ``ordered: a < b``, never ``asserted``, because an ordering says nothing of either value.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["CheckFailed", "Checked", "Derived", "derived", "Tautology"]
+
+
+class CheckFailed(AssertionError):
+    """A claim of the site did not hold. The message names the check."""
+
+
+class Tautology(ValueError):
+    """A check compared a value with itself (or with a reference derived from it)."""
+
+
+class Derived(float):
+    """A reference computed from the very value it is compared with (see :func:`derived`)."""
+
+
+def derived(value: float) -> Derived:
+    """Flag ``value`` as derived from the quantity a check compares it with.
+
+    A check given a :class:`Derived` reference refuses to run (:class:`Tautology`): comparing a
+    product with the same product of the same constants proves nothing. Record such a number with
+    ``ledger.claim(..., guard="computed")`` instead, or compare it with an independent value.
+    """
+    return Derived(value)
+
+
+_RELATIONS = ("≤", "≥", "≈", "<", "<=", ">", ">=")
+
+
+class Checked(float):
+    """A number a check passed. Behaves as the float ``value``; immutable.
+
+    Only the checks of :mod:`guide.checks` (and its helpers) build one: a page that constructed
+    its own would be typing "asserted" by another name.
+
+    Attributes: ``check`` (the check's name, e.g. ``"loss equivalence"``), ``run`` (what ran),
+    ``unit``, ``relation`` (``"≤"``/``"≥"`` a bound, ``"≈"`` a match, ``"<"``/``"<="``/``">"``/
+    ``">="`` an ordering), ``tol`` (the allowance:
+    absolute, or relative to ``reference`` if ``rel``), ``reference`` (the independent value, or
+    ``None`` for a bound), ``against`` (what the reference is, in words), ``value_name`` and
+    ``reference_name`` (for orderings).
+    """
+
+    __slots__ = ("check", "run", "unit", "relation", "tol", "rel", "reference", "against",
+                 "value_name", "reference_name")
+
+    def __new__(cls, value: float, *, check: str, run: str = "", unit: str = "",
+                relation: str = "≤", tol: float | None = None, rel: bool = False,
+                reference: float | None = None, against: str = "",
+                value_name: str = "", reference_name: str = "") -> Checked:
+        if relation not in _RELATIONS:
+            raise ValueError(f"Checked: relation {relation!r} is one of {_RELATIONS}.")
+        self = super().__new__(cls, value)
+        for k, v in dict(check=check, run=run, unit=unit, relation=relation, tol=tol, rel=rel,
+                         reference=reference, against=against, value_name=value_name,
+                         reference_name=reference_name).items():
+            object.__setattr__(self, k, v)
+        return self
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Checked is immutable: {name!r} cannot be set.")
+
+    def __reduce__(self):  # pickles across guide.launch's process boundary
+        return (_rebuild, (float(self), {k: getattr(self, k) for k in self.__slots__}))
+
+    @property
+    def value(self) -> float:
+        return float(self)
+
+    @property
+    def kind(self) -> str:
+        """``"asserted"`` (a bound or a match) or ``"ordered"``."""
+        return "ordered" if self.relation in ("<", "<=", ">", ">=") else "asserted"
+
+    def allowance(self) -> float | None:
+        """The absolute allowance around ``reference`` (``None`` for a bound or an ordering)."""
+        if self.relation != "≈" or self.tol is None or self.reference is None:
+            return None
+        return self.tol * abs(self.reference) if self.rel else self.tol
+
+    def reaches_zero(self) -> bool:
+        """Whether the allowance of a match contains 0 or the opposite sign (around the reference
+        or around the value): such a check would pass a zero, so it proves no non-zero value."""
+        a = self.allowance()
+        if a is None:
+            return False
+        return any(abs(centre) <= a for centre in (self.reference, float(self)))
+
+    def guard(self, fmt: str = ".4g") -> str:
+        """The ledger guard this check earns, e.g. ``asserted: loss equivalence (|Δ| 2.1e-07 ≤
+        1e-05 vs the single-process reference)`` or ``ordered: async save < blocking save``."""
+        v = format(float(self), fmt)
+        if self.kind == "ordered":
+            a, b = self.value_name or "value", self.reference_name or "reference"
+            return f"ordered: {a} {self.relation} {b} ({v} {self.relation} " \
+                   f"{format(self.reference, fmt)})"
+        against = f" vs {self.against}" if self.against else ""
+        if self.relation == "≤":
+            return f"asserted: {self.check} (|Δ| {v} ≤ {self.tol:.2g}{against})"
+        if self.relation == "≥":
+            return f"asserted: {self.check} ({v} ≥ {self.tol:.2g}{against})"
+        tol = (f"{self.tol:.2g}" if not self.rel else f"{self.tol:.0%}" if self.tol >= 0.01
+               else f"{self.tol:.1g} relative")
+        return (f"asserted: {self.check} ({v} ≈ {format(self.reference, fmt)} ± {tol}"
+                f"{against})")
+
+    def scaled(self, factor: float, unit: str) -> Checked:
+        """The same check in another unit (``checked.scaled(1 / 2**20, "MiB")``): value,
+        reference and an absolute allowance scale together, so the check still holds."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"Checked.scaled: factor {factor} must be positive and finite.")
+        attrs = {k: getattr(self, k) for k in self.__slots__}
+        if self.reference is not None:
+            attrs["reference"] = self.reference * factor
+        if self.tol is not None and not self.rel and self.relation in ("≈", "≤", "≥"):
+            attrs["tol"] = self.tol * factor
+        attrs["unit"] = unit
+        return Checked(float(self) * factor, **attrs)
+
+    def __repr__(self) -> str:
+        return f"Checked({float(self)!r}, {self.guard()!r})"
+
+
+def _rebuild(value: float, attrs: dict) -> Checked:
+    return Checked(value, **attrs)
