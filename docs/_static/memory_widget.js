@@ -209,7 +209,7 @@
     "hsdp": "HSDP",
     "zero1": "ZeRO-1"
    },
-   "source_hash": "629caa9dbebc",
+   "source_hash": "bcb552d1f98e",
    "strategies": [
     "ddp",
     "zero1",

@@ -24,8 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import guide
-from guide import layout
+from guide.layout import chunk_sizes
 from guide.memory import activations, architectures, fit, predicted, state
 from guide.memory.activations import CHECKPOINTING
 from guide.memory.architectures import PRESETS
@@ -43,7 +42,7 @@ __all__ = ["CHECKED_CONFIGS", "WIDGET_JS", "StaleWidget", "check", "data", "main
            "source_hash"]
 
 #: The widget's file in a source checkout.
-WIDGET_JS = Path(guide.__file__).resolve().parents[2] / "docs" / "_static" / "memory_widget.js"
+WIDGET_JS = Path(__file__).resolve().parents[3] / "docs" / "_static" / "memory_widget.js"
 #: How many configurations the browser test compares (the widget states it).
 CHECKED_CONFIGS = 320
 #: Short names the widget's table and chart use.
@@ -62,7 +61,7 @@ def source_hash() -> str:
     digest = hashlib.sha256()
     for module in (fit, predicted, activations, architectures, state):
         digest.update(Path(module.__file__).read_bytes().replace(b"\r\n", b"\n"))
-    digest.update(inspect.getsource(layout.chunk_sizes).encode())
+    digest.update(inspect.getsource(chunk_sizes).encode())
     return digest.hexdigest()[:12]
 
 
