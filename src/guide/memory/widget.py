@@ -25,7 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guide.layout import chunk_sizes
-from guide.memory import activations, architectures, fit, predicted, state
+import guide.memory.activations as activations
+import guide.memory.architectures as architectures
+import guide.memory.fit as fit
+import guide.memory.predicted as predicted
+import guide.memory.state as state
 from guide.memory.activations import CHECKPOINTING
 from guide.memory.architectures import PRESETS
 from guide.memory.fit import (
