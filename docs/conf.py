@@ -32,6 +32,7 @@ extensions = [
     "sphinx_gallery.gen_gallery",
     "sphinx_copybutton",
     "ledger_ext",
+    "world_sizes_ext",
 ]
 
 # sphinx-gallery writes a .ipynb next to each generated page; without this exclusion Sphinx finds two

@@ -35,6 +35,8 @@ outcome, the page puts each strategy's predicted and measured state and its meas
 # steps (parameters, gradients, momentum, and DDP's buckets); FSDP2 holds 3 P / N plus one
 # gathered block.
 import math
+import re
+import resource
 
 import matplotlib.pyplot as plt
 
@@ -55,6 +57,9 @@ STEPS = 3
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab,
                             seed=0)
 HEADROOM = 3.5  # × P: room each rank may grow by above its own start
+WORLD_SIZE = guide.world_size(2, supports=(2, 4, 8))  # DDP's ranks; torchrun's under torchrun
+#: FSDP2's jobs: 2 and 4 fresh ranks with python; torchrun's N alone under torchrun.
+FSDP_NS = (WORLD_SIZE,) if guide.under_torchrun() else (2, 4)
 ledger = claims.Ledger("plot_oom_ddp_vs_fsdp2")  # every number this page states
 RUN = dict(model=repr(CFG), optimizer=OPTIMIZER, precision="fp32", steps=STEPS)
 
@@ -103,25 +108,25 @@ def start_level(rank: guide.Rank) -> int:
 # First DDP runs free, to put a number on what it needs (and to read a fresh 2-rank start); a tiny
 # job reads the start of 4 fresh ranks. The budget is the larger start plus the headroom.
 ref_losses, _ = reference_run(CFG, OPTIMIZER, BATCHES)
-ddp_free = guide.launch(train_worker, 2, Strategy.DDP)
-checks.assert_losses_match("DDP x2 without a budget", ref_losses,
+ddp_free = guide.launch(train_worker, WORLD_SIZE, Strategy.DDP)
+checks.assert_losses_match(f"DDP x{WORLD_SIZE} without a budget", ref_losses,
                            mean_over_ranks([r["losses"] for r in ddp_free]))
-START = max(*guide.launch(start_level, 4), *(r["start_vmdata"] for r in ddp_free))
+START = max(*guide.launch(start_level, max(FSDP_NS)), *(r["start_vmdata"] for r in ddp_free))
 BUDGET_MIB = math.ceil((START + HEADROOM * P) / MiB)
 headroom = BUDGET_MIB * MiB - START
 need = max(r["peak"] for r in ddp_free)
-checks.expect(need > headroom, "DDP out of memory", "DDP x2",
+checks.expect(need > headroom, "DDP out of memory", f"DDP x{WORLD_SIZE}",
               f"peaks at {need / MiB:.0f} MiB, inside the {headroom / MiB:.0f} MiB "
               "headroom: raise the model's size or lower HEADROOM, or DDP's failure "
               "below is not its state")
 start_mib = ledger.claim("oom.fresh_rank.vmdata", round(START / MiB), "MiB",
-                         world_size="2 and 4")  # measured, this machine, this build
+                         world_size=" and ".join(map(str, sorted({WORLD_SIZE, *FSDP_NS}))))
 budget = ledger.claim("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADROOM,
                       **RUN)
-need_mib = ledger.claim("oom.ddp.n2.unconstrained_peak", round(need / MiB), "MiB",
+need_mib = ledger.claim(f"oom.ddp.n{WORLD_SIZE}.unconstrained_peak", round(need / MiB), "MiB",
                         guard="asserted: DDP out of memory", **RUN)
 print(f"a fresh rank starts with VmData = {start_mib} MiB; budget per rank = {budget} "
-      f"MiB = start + {HEADROOM} × P. Unconstrained, DDP x2 peaks {need_mib} MiB above "
+      f"MiB = start + {HEADROOM} × P. Unconstrained, DDP x{WORLD_SIZE} peaks {need_mib} MiB above "
       "its start.")
 
 # %%
@@ -135,19 +140,56 @@ print(f"a fresh rank starts with VmData = {start_mib} MiB; budget per rank = {bu
 
 def run_under_budget(strategy: Strategy, n: int) -> list[dict] | guide.RankOutOfMemory:
     """The ranks' results, or the out-of-memory error that stopped them."""
+    if guide.under_torchrun():
+        return _under_budget_in_torchrun(strategy, n)
     try:
         return guide.launch(train_worker, n, strategy, memory_limit_mib=BUDGET_MIB)
     except guide.RankOutOfMemory as oom:
         return oom
 
 
-oom = run_under_budget(Strategy.DDP, 2)
-checks.expect(isinstance(oom, guide.RankOutOfMemory), "DDP out of memory", "DDP x2",
+# Under torchrun there are no fresh ranks to start under a cap: each rank caps its own data segment
+# at its level when the job starts plus the same headroom, and lifts the cap when the job ends. An
+# allocation failure comes back as that rank's result, so that every rank reaches the job's end.
+_OOM = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory")
+
+
+def budgeted_worker(rank: guide.Rank, strategy: Strategy, headroom_bytes: int) -> dict:
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    prepare()
+    limit = data_segment_bytes() + headroom_bytes
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        return train_worker(rank, strategy)
+    except (MemoryError, RuntimeError) as exc:
+        if not isinstance(exc, MemoryError) and not _OOM.search(str(exc)):
+            raise
+        return {"oom": f"{type(exc).__name__}: {exc}", "limit_mib": limit // MiB}
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def _under_budget_in_torchrun(strategy: Strategy, n: int) -> list[dict] | guide.RankOutOfMemory:
+    results = guide.launch(budgeted_worker, n, strategy, headroom)
+    failed = [(r, res) for r, res in enumerate(results) if "oom" in res]
+    if not failed:
+        return results
+    r, res = failed[0]
+    asked = re.search(r"tried to allocate (\d+) bytes", res["oom"])
+    return guide.RankOutOfMemory(
+        f"rank {r} of {strategy} x{n} ran out of memory under {res['limit_mib']} MiB (its "
+        f"start + {headroom / MiB:.0f} MiB): {res['oom'].splitlines()[0]}", r,
+        res["oom"].split(":")[0], "", int(asked[1]) if asked else None, res["limit_mib"])
+
+
+oom = run_under_budget(Strategy.DDP, WORLD_SIZE)
+checks.expect(isinstance(oom, guide.RankOutOfMemory), "DDP out of memory",
+              f"DDP x{WORLD_SIZE}",
               f"trained {STEPS} steps within {BUDGET_MIB} MiB per rank: the budget no "
               "longer separates DDP from FSDP2. Lower HEADROOM.")
 print(str(oom).split("\n\n")[0])
 
-fsdp = {n: run_under_budget(Strategy.FSDP2, n) for n in (2, 4)}
+fsdp = {n: run_under_budget(Strategy.FSDP2, n) for n in FSDP_NS}
 loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
 for n, results in fsdp.items():
     checks.expect(isinstance(results, list), "FSDP2 fits", f"FSDP2 x{n}",
@@ -169,8 +211,8 @@ for n, results in fsdp.items():
 # the highest resident memory during training above the rank's level before it built the model.
 # The prediction must equal the measurement to the byte; the peak adds what the prediction does not
 # count: activations, the block FSDP2 gathers and reduces, the optimizer's temporaries.
-runs = {(Strategy.DDP, 2): ddp_free, (Strategy.FSDP2, 2): fsdp[2],
-        (Strategy.FSDP2, 4): fsdp[4]}
+runs = {(Strategy.DDP, WORLD_SIZE): ddp_free,
+        **{(Strategy.FSDP2, n): results for n, results in fsdp.items()}}
 headroom_mib = ledger.claim("oom.headroom", round(headroom / MiB), "MiB",
                             headroom_p=HEADROOM, **RUN)
 rows = []
@@ -201,7 +243,7 @@ print(table(rows, ["run", "predicted held", "measured held", "measured peak",
                   "MiB"))
 asked = ("an unknown amount" if oom.requested_bytes is None
          else f"{oom.requested_bytes / MiB:.1f} MiB")
-over = ledger.claim("oom.ddp.n2.need_vs_headroom", round(need / headroom, 2), "x",
+over = ledger.claim(f"oom.ddp.n{WORLD_SIZE}.need_vs_headroom", round(need / headroom, 2), "x",
                     guard="asserted: DDP out of memory", headroom_p=HEADROOM, **RUN)
 print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with "
       f"{oom.limit_mib} MiB allowed; unconstrained it needs {over:.2f}x the headroom.")
@@ -245,3 +287,8 @@ plt.show()
 # but never touched; the budget (``RLIMIT_DATA``) does count reserved memory, which is why the
 # failure shows on the virtual side first. On CUDA it reads ``torch.cuda.max_memory_allocated``:
 # tensors only.
+
+# %%
+# A check that fails stops the page with its name, so this line prints only when every check
+# above held (at any supported world size, under python, torchrun or in a notebook).
+print("All checks passed.")
