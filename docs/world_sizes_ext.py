@@ -24,15 +24,18 @@ GALLERY = "auto_examples"
 
 
 def _examples_dir(app) -> Path:
-    conf = getattr(app.config, "sphinx_gallery_conf", None) or {}
-    dirs = conf.get("examples_dirs", "../examples")
-    d = dirs if isinstance(dirs, str) else dirs[0]
+    """The gallery's source folder (``world_sizes_examples_dir``, relative to the docs)."""
+    d = app.config.world_sizes_examples_dir
     return Path(d if os.path.isabs(d) else Path(app.srcdir) / d).resolve()
 
 
 def contracts(app) -> dict[str, object]:
     """Example stem -> its declared contract, in file-name order."""
-    return {p.stem: declared(p) for p in sorted(_examples_dir(app).glob("plot_*.py"))}
+    found = {p.stem: declared(p) for p in sorted(_examples_dir(app).glob("plot_*.py"))}
+    if not found:
+        raise ValueError(f"no plot_*.py examples in {_examples_dir(app)} "
+                         "(world_sizes_examples_dir)")
+    return found
 
 
 class WorldSizes(SphinxDirective):
@@ -52,7 +55,7 @@ class WorldSizes(SphinxDirective):
                 if i:
                     para += nodes.Text(", ")
                 ref = addnodes.pending_xref("", refdomain="std", reftype="doc",
-                                            reftarget=f"/{GALLERY}/{stem}", refexplicit=False,
+                                            reftarget=f"/{GALLERY}/{stem}", refexplicit=True,
                                             refdoc=self.env.docname, refwarn=True)
                 ref += nodes.literal(text=stem)
                 para += ref
@@ -69,16 +72,14 @@ def _header_line(app, docname: str, source: list[str]) -> None:
     """Under the title of each generated example page: the sizes it runs at."""
     if not docname.startswith(f"{GALLERY}/plot_"):
         return
-    path = _examples_dir(app) / f"{docname.split('/')[-1]}.py"
-    if not path.exists():
-        return
-    line = header(declared(path))
+    line = header(declared(_examples_dir(app) / f"{docname.split('/')[-1]}.py"))
     source[0], n = _TITLE.subn(lambda m: f"{m[1]}\n*{line}*\n", source[0], count=1)
     if n != 1:
         raise ValueError(f"{docname}: no title found to put the world-size line under.")
 
 
 def setup(app):
+    app.add_config_value("world_sizes_examples_dir", "../examples", "env")
     app.add_directive("world-sizes", WorldSizes)
     app.connect("source-read", _header_line)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

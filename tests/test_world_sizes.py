@@ -59,7 +59,8 @@ def test_world_size_refuses_an_unsupported_size_under_torchrun(
         monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in {**TORCHRUN_ENV, "WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)
-    with pytest.raises(UnsupportedWorldSize, match=r"supports 4 and 8 ranks \(why\); you started 2"):
+    with pytest.raises(UnsupportedWorldSize,
+                       match=r"supports 4 and 8 ranks \(why\); you started 2"):
         guide.world_size(4, supports=(4, 8), why="why")
     assert guide.world_size(2, supports=(2, 4)) == 2
 
@@ -159,8 +160,8 @@ def test_each_page_header_line_states_the_declared_sizes() -> None:
         from world_sizes_ext import _header_line
     finally:
         sys.path.remove(str(ROOT / "docs"))
-    app = SimpleNamespace(srcdir=str(ROOT / "docs"),
-                          config=SimpleNamespace(sphinx_gallery_conf={"examples_dirs": "../examples"}))
+    conf = SimpleNamespace(world_sizes_examples_dir="../examples")
+    app = SimpleNamespace(srcdir=str(ROOT / "docs"), config=conf)
     page = [".. only:: html\n\n    note\n\n.. _sphx_glr_auto_examples_plot_hsdp.py:\n\n"
             "HSDP: shard inside a node\n=========================\n\nText.\n"]
     _header_line(app, "auto_examples/plot_hsdp", page)

@@ -22,7 +22,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["Contract", "NoDeclaration", "UnsupportedWorldSize", "check", "declared", "english", "header"]
+__all__ = ["Contract", "NoDeclaration", "UnsupportedWorldSize", "check", "declared", "english",
+           "header", "main"]
 
 #: The name of the declaring call, as an example spells it: ``guide.world_size(...)``.
 CALL = "world_size"
@@ -121,7 +122,7 @@ def _name(func: ast.expr) -> str:
 
 
 def header(contract: Contract) -> str:
-    """The one line a page's header states: its sizes under torchrun, and why they are restricted."""
+    """The one line under a page's title: its sizes under torchrun, and why they are restricted."""
     why = f" ({contract.why})" if contract.why else ""
     return f"World sizes under torchrun: {english(contract.supports)} ranks{why}."
 

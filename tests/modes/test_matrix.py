@@ -8,8 +8,8 @@ tests/test_example_modes.py, which ``nox -s modes`` runs too. Sizes that an exam
 support are tested, fast, in tests/test_world_sizes.py.
 
 Select parts with ``-k``: ids are ``plot_x-torchrun-n4`` and ``plot_x-python``, e.g.
-``nox -s modes -- -k "n2 or n4"``. Measured on 2 shared cores (see the README's matrix): most runs
-take 20-120 s at 2 and 4 ranks; at 8 ranks every rank gets a quarter of a core.
+``nox -s modes -- -k "n2 or n4"``. On 2 shared cores (the closing note of issue 25 gives the
+measured matrix) most runs take 20-120 s at 2 and 4 ranks; at 8, each rank gets a quarter core.
 """
 
 from __future__ import annotations
