@@ -34,6 +34,8 @@ outcome, the page puts each strategy's predicted and measured state and its meas
 # ``HEADROOM × P``. The headroom sits between the two strategies' needs: DDP holds 4 P between
 # steps (parameters, gradients, momentum, and DDP's buckets); FSDP2 holds 3 P / N plus one
 # gathered block.
+import ctypes
+import gc
 import math
 import re
 import resource
@@ -60,6 +62,8 @@ HEADROOM = 3.5  # × P: room each rank may grow by above its own start
 WORLD_SIZE = guide.world_size(2, supports=(2, 4, 8))  # DDP's ranks; torchrun's under torchrun
 #: FSDP2's jobs: 2 and 4 fresh ranks with python; torchrun's N alone under torchrun.
 FSDP_NS = (WORLD_SIZE,) if guide.under_torchrun() else (2, 4)
+if guide.under_torchrun():  # this process runs the jobs: no big allocation may stay in its heap,
+    prepare()  # where freed space is reused without growing the data segment the budget caps
 ledger = claims.Ledger("plot_oom_ddp_vs_fsdp2")  # every number this page states
 RUN = dict(model=repr(CFG), optimizer=OPTIMIZER, precision="fp32", steps=STEPS)
 
@@ -102,13 +106,43 @@ def start_level(rank: guide.Rank) -> int:
     return data_segment_bytes()
 
 
+# Under torchrun there are no fresh ranks: the jobs run in torchrun's processes, which already ran
+# the script above. Each job first hands the heap's free pages back to the kernel (else memory the
+# single-process reference freed is reused unseen: DDP x2 measured 158 MiB, not its 4 P), and
+# under a budget it caps its own data segment at its level then plus the same headroom, lifting
+# the cap when the job ends. An allocation failure comes back as that rank's result, so that
+# every rank reaches the job's end.
+_OOM = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory")
+
+
+def torchrun_worker(rank: guide.Rank, strategy: Strategy, headroom_bytes: int | None = None
+                    ) -> dict:
+    prepare()
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    if headroom_bytes is None:
+        return train_worker(rank, strategy)
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = data_segment_bytes() + headroom_bytes
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        return train_worker(rank, strategy)
+    except (MemoryError, RuntimeError) as exc:
+        if not isinstance(exc, MemoryError) and not _OOM.search(str(exc)):
+            raise
+        return {"oom": f"{type(exc).__name__}: {exc}", "limit_mib": limit // MiB}
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
 # %%
 # How much DDP needs, without a budget
 # ------------------------------------
 # First DDP runs free, to put a number on what it needs (and to read a fresh 2-rank start); a tiny
 # job reads the start of 4 fresh ranks. The budget is the larger start plus the headroom.
 ref_losses, _ = reference_run(CFG, OPTIMIZER, BATCHES)
-ddp_free = guide.launch(train_worker, WORLD_SIZE, Strategy.DDP)
+ddp_free = guide.launch(torchrun_worker if guide.under_torchrun() else train_worker, WORLD_SIZE,
+                        Strategy.DDP)
 checks.assert_losses_match(f"DDP x{WORLD_SIZE} without a budget", ref_losses,
                            mean_over_ranks([r["losses"] for r in ddp_free]))
 START = max(*guide.launch(start_level, max(FSDP_NS)), *(r["start_vmdata"] for r in ddp_free))
@@ -148,29 +182,8 @@ def run_under_budget(strategy: Strategy, n: int) -> list[dict] | guide.RankOutOf
         return oom
 
 
-# Under torchrun there are no fresh ranks to start under a cap: each rank caps its own data segment
-# at its level when the job starts plus the same headroom, and lifts the cap when the job ends. An
-# allocation failure comes back as that rank's result, so that every rank reaches the job's end.
-_OOM = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory")
-
-
-def budgeted_worker(rank: guide.Rank, strategy: Strategy, headroom_bytes: int) -> dict:
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    prepare()
-    limit = data_segment_bytes() + headroom_bytes
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
-    try:
-        return train_worker(rank, strategy)
-    except (MemoryError, RuntimeError) as exc:
-        if not isinstance(exc, MemoryError) and not _OOM.search(str(exc)):
-            raise
-        return {"oom": f"{type(exc).__name__}: {exc}", "limit_mib": limit // MiB}
-    finally:
-        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
-
-
 def _under_budget_in_torchrun(strategy: Strategy, n: int) -> list[dict] | guide.RankOutOfMemory:
-    results = guide.launch(budgeted_worker, n, strategy, headroom)
+    results = guide.launch(torchrun_worker, n, strategy, headroom)
     failed = [(r, res) for r, res in enumerate(results) if "oom" in res]
     if not failed:
         return results

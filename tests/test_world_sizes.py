@@ -128,7 +128,7 @@ def test_an_unsupported_size_stops_the_example_at_once(path: Path, n: int,
                                                        tmp_path: Path) -> None:
     """Started as torchrun's rank 0 at a size it does not support, the example exits 1 with the
     message and no traceback, before its first job (no process group: MASTER_PORT 1 is never
-    dialled; measured 6-12 s each, the imports, on 2 loaded cores)."""
+    dialled; measured 9-35 s each, mostly importing torch, on 2 cores shared with other jobs)."""
     env = {**os.environ, **TORCHRUN_ENV, "WORLD_SIZE": str(n), "MPLBACKEND": "Agg"}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env,
