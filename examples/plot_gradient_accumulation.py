@@ -44,7 +44,7 @@ from guide.sharding import Strategy
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run)
 
-WORLD_SIZE = guide.world_size(2, supports=(2, 4, 8))
+WORLD_SIZE = guide.world_size(2, supports=(2, 4))
 K, B, STEPS = 4, 8, 3
 ledger = claims.Ledger("plot_gradient_accumulation")  # every number this page states
 CFG = ModelConfig(d_model=256, n_heads=4, d_mlp=1024, n_layers=4)

@@ -38,7 +38,7 @@ from guide.plotting import FLOOR, style
 from guide.report import table
 from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
 
-WORLD_SIZE = guide.world_size(2, supports=(2, 4, 8))
+WORLD_SIZE = guide.world_size(2, supports=(2, 4))
 STEPS = 20
 CFG = ModelConfig()
 ledger = claims.Ledger("plot_mixed_precision")  # every number this page states

@@ -62,7 +62,7 @@ from guide.model import ModelConfig, TinyLM, build_model
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run, train_steps)
 
-WORLD_SIZE = guide.world_size(2, supports=(2, 4, 8))  # torchrun's WORLD_SIZE under torchrun
+WORLD_SIZE = guide.world_size(2, supports=(2, 4))  # torchrun's WORLD_SIZE under torchrun
 CFG = ModelConfig(n_layers=2)
 STEPS = 3
 BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
