@@ -1,5 +1,6 @@
 """Sessions: ``docs`` builds the site with every example executed (the test of the whole site);
-``tests`` runs pytest; ``browser`` and ``downloads`` check the built site; ``compat`` runs the tests
+``tests`` runs pytest; ``modes`` runs every example at every world size it declares, with torchrun
+and python; ``browser`` and ``downloads`` check the built site; ``compat`` runs the tests
 and the examples on the lowest and the newest torch the project claims; ``mutation`` checks that the
 checks bite.
 
@@ -70,6 +71,18 @@ def tests(session: nox.Session) -> None:
     """Run the test suite (launcher, checks with injected faults, models, docs plumbing)."""
     _install(session, "docs,test")
     session.run("pytest", *session.posargs, env=ENV)
+
+
+@nox.session
+def modes(session: nox.Session) -> None:
+    """Every example at every world size it declares (1, 2, 4, 8 where supported) under
+    ``torchrun --standalone``, each once with ``python``, the main example's notebook in a Jupyter
+    kernel, and every unsupported size refused at once: tests/modes, test_example_modes.py and
+    test_world_sizes.py. Long on 2 cores (the README gives the measured matrix); pick parts with
+    ``-k``, e.g. ``nox -s modes -- -k "n2 or n4"``. Prints the matrix with each run's seconds."""
+    _install(session, "docs,test")
+    session.run("pytest", "-q", "tests/modes", "tests/test_example_modes.py",
+                "tests/test_world_sizes.py", *session.posargs, env={**ENV, "GUIDE_MODES": "1"})
 
 
 @nox.session

@@ -41,6 +41,7 @@ extensions = [
     "ledger_ext",
     # MathJax served from this site (_static/mathjax), not a CDN: math renders offline.
     "sphinx-mathjax-offline",
+    "world_sizes_ext",
 ]
 
 # sphinx-gallery writes a .ipynb next to each generated page; without this exclusion Sphinx finds two

@@ -40,7 +40,7 @@ from guide.sharding import Strategy
 from guide.training import (OPTIMIZERS, TrainResult, make_optimizer, mean_over_ranks,
                             reference_run, train_steps)
 
-WORLD_SIZE = guide.world_size(2)  # 2 here; torchrun's WORLD_SIZE under torchrun
+WORLD_SIZE = guide.world_size(2, supports=(2, 4, 8))  # 2 here; torchrun's under torchrun
 STEPS = 20
 CFG = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,

@@ -37,7 +37,7 @@ from guide.model import ModelConfig, build_model
 from guide.sharding import Strategy
 from guide.training import make_optimizer, mean_over_ranks, next_token_loss
 
-WORLD_SIZE = guide.world_size(2)
+WORLD_SIZE = guide.world_size(2, supports=(2, 4))
 STEPS = 20
 MAX_NORM = 0.9
 CFG = ModelConfig()

@@ -55,12 +55,9 @@ from guide.report import table
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run, train_steps)
 
-WORLD_SIZE = guide.world_size(4)  # 4 here; torchrun's WORLD_SIZE under torchrun
+WORLD_SIZE = guide.world_size(  # 4 here; torchrun's WORLD_SIZE under torchrun
+    4, supports=(4, 8), why="HSDP needs a 2-D mesh, 2 replicas x N/2 shards: an even N >= 4")
 REPLICAS = 2
-if WORLD_SIZE < 2 * REPLICAS or WORLD_SIZE % REPLICAS:
-    raise ValueError(f"this page builds a {REPLICAS} x N mesh with N >= 2: run it on "
-                     f"an even number of ranks, at least {2 * REPLICAS} "
-                     f"(got {WORLD_SIZE}).")
 SHARDS = WORLD_SIZE // REPLICAS
 STEPS = 4
 # the main page's model

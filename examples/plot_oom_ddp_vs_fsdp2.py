@@ -35,7 +35,11 @@ outcome, the page puts each strategy's predicted and measured state and its meas
 # steps (parameters, gradients, momentum, and DDP's buckets); FSDP2 holds 3 P / N plus one
 # gathered block.
 import dataclasses
+import ctypes
+import gc
 import math
+import re
+import resource
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
@@ -59,6 +63,11 @@ STEPS = 3
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab,
                             seed=0)
 HEADROOM = 3.5  # × P: room each rank may grow by above its own start
+WORLD_SIZE = guide.world_size(2, supports=(2, 4, 8))  # DDP's ranks; torchrun's under torchrun
+#: FSDP2's jobs: 2 and 4 fresh ranks with python; torchrun's N alone under torchrun.
+FSDP_NS = (WORLD_SIZE,) if guide.under_torchrun() else (2, 4)
+if guide.under_torchrun():  # this process runs the jobs: no big allocation may stay in its heap,
+    prepare()  # where freed space is reused without growing the data segment the budget caps
 ledger = claims.Ledger("plot_oom_ddp_vs_fsdp2")  # every number this page states
 RUN = dict(model=repr(CFG), optimizer=OPTIMIZER, precision="fp32", steps=STEPS)
 
@@ -112,31 +121,62 @@ def start_level(rank: guide.Rank) -> int:
     return data_segment_bytes()
 
 
+# Under torchrun there are no fresh ranks: the jobs run in torchrun's processes, which already ran
+# the script above. Each job first hands the heap's free pages back to the kernel (else memory the
+# single-process reference freed is reused unseen: DDP x2 measured 158 MiB, not its 4 P), and
+# under a budget it caps its own data segment at its level then plus the same headroom, lifting
+# the cap when the job ends. An allocation failure comes back as that rank's result, so that
+# every rank reaches the job's end.
+_OOM = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory")
+
+
+def torchrun_worker(rank: guide.Rank, strategy: Strategy, headroom_bytes: int | None = None
+                    ) -> OOMResult | dict:
+    prepare()
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    if headroom_bytes is None:
+        return train_worker(rank, strategy)
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = data_segment_bytes() + headroom_bytes
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        return train_worker(rank, strategy)
+    except (MemoryError, RuntimeError) as exc:
+        if not isinstance(exc, MemoryError) and not _OOM.search(str(exc)):
+            raise
+        return {"oom": f"{type(exc).__name__}: {exc}", "limit_mib": limit // MiB}
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
 # %%
 # How much DDP needs, without a budget
 # ------------------------------------
 # First DDP runs free, to put a number on what it needs (and to read a fresh 2-rank start); a tiny
 # job reads the start of 4 fresh ranks. The budget is the larger start plus the headroom.
 ref_losses, _ = reference_run(CFG, OPTIMIZER, BATCHES)
-ddp_free = guide.launch(train_worker, 2, Strategy.DDP)
-checks.assert_losses_match("DDP x2 without a budget", ref_losses,
+ddp_free = guide.launch(torchrun_worker if guide.under_torchrun() else train_worker, WORLD_SIZE,
+                        Strategy.DDP)
+checks.assert_losses_match(f"DDP x{WORLD_SIZE} without a budget", ref_losses,
                            mean_over_ranks([r.losses for r in ddp_free]))
-START = max(*guide.launch(start_level, 4), *(r.start_vmdata for r in ddp_free))
+START = max(*guide.launch(start_level, max(FSDP_NS)), *(r.start_vmdata for r in ddp_free))
 BUDGET_MIB = math.ceil((START + HEADROOM * P) / MiB)
 headroom = BUDGET_MIB * MiB - START
 need = max(r.peak for r in ddp_free)
 # If DDP peaks inside the headroom, raise the model's size or lower HEADROOM: DDP's failure
 # below would not be its state.
-need_order = checks.expect_order("DDP out of memory", "DDP x2", headroom / MiB, need / MiB,
-                                 low_name="the headroom", high_name="DDP's unconstrained peak",
-                                 unit="MiB", keep="high")
+need_order = checks.expect_order("DDP out of memory", f"DDP x{WORLD_SIZE}", headroom / MiB,
+                                 need / MiB, low_name="the headroom",
+                                 high_name="DDP's unconstrained peak", unit="MiB", keep="high")
 start_mib = ledger.claim("oom.fresh_rank.vmdata", round(START / MiB), "MiB",
-                         world_size="2 and 4")  # measured, this machine, this build
+                         world_size=" and ".join(map(str, sorted({WORLD_SIZE, *FSDP_NS}))))
 budget = ledger.claim("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADROOM,
                       **RUN)
-need_mib = ledger.record("oom.ddp.n2.unconstrained_peak", need_order, fmt=".0f", **RUN)
+need_mib = ledger.record(f"oom.ddp.n{WORLD_SIZE}.unconstrained_peak", need_order, fmt=".0f",
+                         **RUN)
 print(f"a fresh rank starts with VmData = {start_mib} MiB; budget per rank = {budget} "
-      f"MiB = start + {HEADROOM} × P. Unconstrained, DDP x2 peaks {need_mib} MiB above "
+      f"MiB = start + {HEADROOM} × P. Unconstrained, DDP x{WORLD_SIZE} peaks {need_mib} MiB above "
       "its start.")
 
 # %%
@@ -150,19 +190,35 @@ print(f"a fresh rank starts with VmData = {start_mib} MiB; budget per rank = {bu
 
 def run_under_budget(strategy: Strategy, n: int) -> list[dict] | guide.RankOutOfMemory:
     """The ranks' results, or the out-of-memory error that stopped them."""
+    if guide.under_torchrun():
+        return _under_budget_in_torchrun(strategy, n)
     try:
         return guide.launch(train_worker, n, strategy, memory_limit_mib=BUDGET_MIB)
     except guide.RankOutOfMemory as oom:
         return oom
 
 
-oom = run_under_budget(Strategy.DDP, 2)
-checks.expect("DDP out of memory", "DDP x2", isinstance(oom, guide.RankOutOfMemory),
+def _under_budget_in_torchrun(strategy: Strategy, n: int) -> list[OOMResult] | guide.RankOutOfMemory:
+    results = guide.launch(torchrun_worker, n, strategy, headroom)
+    failed = [(r, res) for r, res in enumerate(results) if isinstance(res, dict)]
+    if not failed:
+        return results
+    r, res = failed[0]
+    asked = re.search(r"tried to allocate (\d+) bytes", res["oom"])
+    return guide.RankOutOfMemory(
+        f"rank {r} of {strategy} x{n} ran out of memory under {res['limit_mib']} MiB (its "
+        f"start + {headroom / MiB:.0f} MiB): {res['oom'].splitlines()[0]}", r,
+        res["oom"].split(":")[0], "", int(asked[1]) if asked else None, res["limit_mib"])
+
+
+oom = run_under_budget(Strategy.DDP, WORLD_SIZE)
+checks.expect("DDP out of memory", f"DDP x{WORLD_SIZE}",
+              isinstance(oom, guide.RankOutOfMemory),
               f"trained {STEPS} steps within {BUDGET_MIB} MiB per rank: the budget no "
               "longer separates DDP from FSDP2. Lower HEADROOM.")
 print(str(oom).split("\n\n")[0])
 
-fsdp = {n: run_under_budget(Strategy.FSDP2, n) for n in (2, 4)}
+fsdp = {n: run_under_budget(Strategy.FSDP2, n) for n in FSDP_NS}
 loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
 for n, results in fsdp.items():
     checks.expect("FSDP2 fits", f"FSDP2 x{n}", isinstance(results, list),
@@ -184,8 +240,8 @@ for n, results in fsdp.items():
 # the highest resident memory during training above the rank's level before it built the model.
 # The prediction must equal the measurement to the byte; the peak adds what the prediction does not
 # count: activations, the block FSDP2 gathers and reduces, the optimizer's temporaries.
-runs = {(Strategy.DDP, 2): ddp_free, (Strategy.FSDP2, 2): fsdp[2],
-        (Strategy.FSDP2, 4): fsdp[4]}
+runs = {(Strategy.DDP, WORLD_SIZE): ddp_free,
+        **{(Strategy.FSDP2, n): results for n, results in fsdp.items()}}
 headroom_mib = ledger.claim("oom.headroom", round(headroom / MiB), "MiB",
                             headroom_p=HEADROOM, **RUN)
 rows = []
@@ -214,8 +270,8 @@ print(table(rows, ["run", "predicted held", "measured held", "measured peak",
                   "MiB"))
 asked = ("an unknown amount" if oom.requested_bytes is None
          else f"{oom.requested_bytes / MiB:.1f} MiB")
-over = ledger.record("oom.ddp.n2.need_vs_headroom", checks.expect_order(
-    "DDP out of memory", "DDP x2", 1.0, need / headroom, low_name="1",
+over = ledger.record(f"oom.ddp.n{WORLD_SIZE}.need_vs_headroom", checks.expect_order(
+    "DDP out of memory", f"DDP x{WORLD_SIZE}", 1.0, need / headroom, low_name="1",
     high_name="DDP's peak / headroom", unit="x", keep="high"), fmt=".2f", headroom_p=HEADROOM,
     **RUN)
 print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with "
@@ -262,3 +318,8 @@ plt.show()
 # but never touched; the budget (``RLIMIT_DATA``) does count reserved memory, which is why the
 # failure shows on the virtual side first. On CUDA it reads ``torch.cuda.max_memory_allocated``:
 # tensors only.
+
+# %%
+# A check that fails stops the page with its name, so this line prints only when every check
+# above held (at any supported world size, under python, torchrun or in a notebook).
+print("All checks passed.")

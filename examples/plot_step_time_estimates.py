@@ -26,6 +26,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
+import guide
 from guide import checks, comm
 from guide.claims import Ledger
 from guide.comm import H100_NODE
@@ -36,6 +37,8 @@ from guide.plotting import style
 from guide.report import table
 from guide.sharding import Strategy
 
+# It starts no job: every rank computes the same estimates, at any world size.
+guide.world_size(1, supports=(1, 2, 4, 8))
 ledger = Ledger("plot_step_time_estimates")
 CITED = ["dgx_h100.gpus", "h100.nvlink_bandwidth", "dgx_h100.nics", "ndr.nic_bandwidth",
          "nccl.tuning.base_latency", "nccl.tuning.nvlink_step_latency",
@@ -408,3 +411,8 @@ plt.show()
 # and leaves out attention's ``s²`` term. Memory leaves out the CUDA context, NCCL's buffers and
 # fragmentation. Large runs of this model also add tensor parallelism inside the node, which cuts
 # both the state each GPU holds and the bytes FSDP2 gathers; this page prices data parallelism alone.
+
+# %%
+# A check that fails stops the page with its name, so this line prints only when every check
+# above held (at any supported world size, under python, torchrun or in a notebook).
+print("All checks passed.")

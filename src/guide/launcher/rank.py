@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from typing import Any
+
+from guide.world_sizes import Contract, check
 
 __all__ = ["Rank", "under_torchrun", "world_size"]
 
@@ -35,10 +38,19 @@ def under_torchrun() -> bool:
     )
 
 
-def world_size(default: int) -> int:
+def world_size(default: int, *, supports: Iterable[int] | None = None, why: str = "") -> int:
     """The number of ranks an example should use: torchrun's ``WORLD_SIZE`` if set, else ``default``.
 
-    Examples call this once so that ``torchrun --nproc-per-node=4 example.py`` and
-    ``python example.py`` run the same code at their own scale.
+    Examples call this once, at the top, so that ``torchrun --nproc-per-node=4 example.py`` and
+    ``python example.py`` run the same code at their own scale. ``supports`` is the example's
+    world-size contract (:mod:`guide.world_sizes`): the sizes it runs and checks correctly, ``why``
+    the reason it is restricted. Under torchrun at any other size the call stops the script at once
+    with :class:`~guide.world_sizes.UnsupportedWorldSize`, naming the sizes and the command to use.
+    The docs and the test matrix read the same call without running it
+    (:func:`guide.world_sizes.declared`).
     """
-    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else default
+    contract = None if supports is None else Contract(default, tuple(supports), why)
+    if not under_torchrun():
+        return default
+    got = int(os.environ["WORLD_SIZE"])
+    return got if contract is None else check(got, contract)

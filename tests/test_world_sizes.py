@@ -1,0 +1,171 @@
+"""The world-size contract (:mod:`guide.world_sizes`): every example declares one, an unsupported
+size stops an example at once with a message that names the fix, and the site's statements, the
+Slurm script and the test matrix are generated from the same declarations."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, ROOT
+
+import guide
+from guide.world_sizes import (Contract, NoDeclaration, UnsupportedWorldSize, check, declared,
+                               english, header, main)
+
+EXAMPLE_FILES = sorted(EXAMPLES.glob("plot_*.py"))
+MATRIX_SIZES = (1, 2, 4, 8)
+TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+
+#: (example, an unsupported size among 1, 2, 4, 8): each is started as torchrun's rank 0 would be.
+UNSUPPORTED = [(p, n) for p in EXAMPLE_FILES for n in MATRIX_SIZES
+               if n not in declared(p).supports]
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.stem)
+def test_every_example_declares_its_world_sizes(path: Path) -> None:
+    """One literal declaration per example; a restricted one says why (2 is the size a user tries
+    first: any example that refuses it must explain itself)."""
+    contract = declared(path)
+    assert contract.default in contract.supports
+    if 2 not in contract.supports:
+        assert contract.why, f"{path.name} refuses 2 ranks without saying why"
+
+
+def test_the_examples_that_refuse_2_ranks_need_a_2d_mesh_or_a_divisor() -> None:
+    restricted = {p.stem: declared(p).supports for p in EXAMPLE_FILES
+                  if 2 not in declared(p).supports}
+    assert restricted == {"plot_hsdp": (4, 8), "plot_fsdp1_migration": (4,),
+                          "plot_reshard_after_forward": (4,)}
+
+
+def test_the_message_names_the_sizes_the_reason_and_the_command() -> None:
+    contract = Contract(4, (4, 8), "HSDP needs a 2-D mesh: an even N >= 4")
+    with pytest.raises(UnsupportedWorldSize) as err:
+        check(2, contract, "/somewhere/plot_hsdp.py")
+    assert str(err.value) == (
+        "plot_hsdp supports 4 and 8 ranks (HSDP needs a 2-D mesh: an even N >= 4); you started 2. "
+        "Run `torchrun --standalone --nproc-per-node=4 plot_hsdp.py`, or `python plot_hsdp.py` "
+        "(4 ranks).")
+    assert check(8, contract) == 8
+
+
+def test_world_size_refuses_an_unsupported_size_under_torchrun(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in {**TORCHRUN_ENV, "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(UnsupportedWorldSize,
+                       match=r"supports 4 and 8 ranks \(why\); you started 2"):
+        guide.world_size(4, supports=(4, 8), why="why")
+    assert guide.world_size(2, supports=(2, 4)) == 2
+
+
+def test_world_size_is_the_default_with_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in (*TORCHRUN_ENV, "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    assert guide.world_size(4, supports=(4, 8)) == 4
+
+
+@pytest.mark.parametrize("default, supports", [(2, (4, 8)), (4, (8, 4)), (4, (0, 4)), (4, ())])
+def test_a_contract_that_contradicts_itself_is_refused(default: int, supports: tuple) -> None:
+    with pytest.raises(ValueError):
+        Contract(default, supports)
+
+
+@pytest.mark.parametrize("text, error", [
+    ("import guide\n", NoDeclaration),
+    ("N = guide.world_size(2, supports=(2,))\nM = guide.world_size(2, supports=(2,))\n",
+     "found 2"),
+    ("S = (2, 4)\nN = guide.world_size(2, supports=S)\n", "literal values"),
+    ("N = guide.world_size(2)\n", "declare the world sizes as"),
+])
+def test_a_declaration_the_docs_cannot_read_is_refused(tmp_path: Path, text: str,
+                                                       error: type | str) -> None:
+    path = tmp_path / "plot_x.py"
+    path.write_text(text)
+    with pytest.raises(error if isinstance(error, type) else ValueError,
+                       match=None if isinstance(error, type) else error):
+        declared(path)
+
+
+def test_the_slurm_check_refuses_only_an_unsupported_declared_size(tmp_path: Path,
+                                                                   capsys) -> None:
+    hsdp = str(EXAMPLES / "plot_hsdp.py")
+    assert main([hsdp, "8"]) == 0
+    assert main([hsdp, "2"]) == 2
+    assert "plot_hsdp supports 4 and 8 ranks" in capsys.readouterr().err
+    plain = tmp_path / "mine.py"
+    plain.write_text("print('not an example of this site')\n")
+    assert main([str(plain), "3"]) == 0
+
+
+def test_the_slurm_script_refuses_an_unsupported_size_before_the_job(tmp_path: Path) -> None:
+    """2 GPUs on one node for the HSDP page: the script stops with the message; srun never runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"#!/bin/bash\ntouch {tmp_path}/srun-ran\n")
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_GPUS_ON_NODE": "2", "SLURM_JOB_ID": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "docs" / "_static" / "ddp_vs_fsdp2.sbatch"),
+                           str(EXAMPLES / "plot_hsdp.py")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "plot_hsdp supports 4 and 8 ranks" in proc.stderr
+    assert not (tmp_path / "srun-ran").exists()
+
+
+@pytest.mark.parametrize("path, n", UNSUPPORTED, ids=[f"{p.stem}-n{n}" for p, n in UNSUPPORTED])
+def test_an_unsupported_size_stops_the_example_at_once(path: Path, n: int,
+                                                       tmp_path: Path) -> None:
+    """Started as torchrun's rank 0 at a size it does not support, the example exits 1 with the
+    message and no traceback, before its first job (no process group: MASTER_PORT 1 is never
+    dialled; measured 9-35 s each, mostly importing torch, on 2 cores shared with other jobs)."""
+    env = {**os.environ, **TORCHRUN_ENV, "WORLD_SIZE": str(n), "MPLBACKEND": "Agg"}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    contract = declared(path)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"{path.stem} supports {english(contract.supports)} ranks" in proc.stderr
+    assert f"you started {n}. Run `torchrun --standalone" in proc.stderr
+    assert "Traceback" not in proc.stderr and "[guide]" not in proc.stderr
+    assert time.monotonic() - start < 110
+
+
+def test_the_gallery_index_and_cluster_page_use_the_generated_list() -> None:
+    """The statements are generated: the directive stands where a typed list would, and no page
+    claims one size for all examples."""
+    gallery = (EXAMPLES / "GALLERY_HEADER.rst").read_text()
+    cluster = (ROOT / "docs" / "pages" / "cluster.md").read_text()
+    assert ".. world-sizes::" in gallery and "```{world-sizes}" in cluster
+    assert "at any world size" not in cluster
+    assert not re.search(r"runs unchanged[^.]*--nproc-per-node=2", gallery)
+
+
+def test_each_page_header_line_states_the_declared_sizes() -> None:
+    """The extension puts the declared sizes under the title of each generated page, and refuses
+    a page where it finds no title (rather than silently leaving the line out)."""
+    from types import SimpleNamespace
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        from world_sizes_ext import _header_line
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    conf = SimpleNamespace(world_sizes_examples_dir="../examples")
+    app = SimpleNamespace(srcdir=str(ROOT / "docs"), config=conf)
+    page = [".. only:: html\n\n    note\n\n.. _sphx_glr_auto_examples_plot_hsdp.py:\n\n"
+            "HSDP: shard inside a node\n=========================\n\nText.\n"]
+    _header_line(app, "auto_examples/plot_hsdp", page)
+    assert ("=========================\n\n*World sizes under torchrun: 4 and 8 ranks (HSDP needs "
+            "a 2-D mesh") in page[0]
+    with pytest.raises(ValueError, match="no title"):
+        _header_line(app, "auto_examples/plot_hsdp", ["no title here\n"])
