@@ -93,12 +93,9 @@ from guide.report import table
 from guide.tensor_parallel import build_tp_model, expected_layout, plan_kinds, tp_local_shapes
 from guide.training import make_optimizer, mean_over_ranks
 
-WORLD_SIZE = guide.world_size(4)  # 4 here; torchrun's WORLD_SIZE under torchrun
-SUPPORTED_WORLD_SIZES = (4, 8)
+WORLD_SIZE = guide.world_size(
+    4, supports=(4, 8), why="a (dp, tp) mesh with tp = 2 and dp >= 2: an even N >= 4")
 TP = 2
-if WORLD_SIZE not in SUPPORTED_WORLD_SIZES:
-    raise ValueError(f"this page builds a (dp, {TP}) mesh; run it on one of "
-                     f"{SUPPORTED_WORLD_SIZES} ranks (got {WORLD_SIZE}).")
 DP = WORLD_SIZE // TP
 STEPS, SEQ, PER_DP = 4, 8, 2  # PER_DP sequences per data-parallel rank
 CFG = ModelConfig(vocab=64, d_model=32, n_layers=2, n_heads=4, d_mlp=64, max_seq=SEQ)
