@@ -65,7 +65,7 @@ class WorldSizes(SphinxDirective):
         return [items]
 
 
-_TITLE = re.compile(r"^(\.\. _sphx_glr_.*?:\n\n.+\n=+\n)", re.MULTILINE)
+_TITLE = re.compile(r"^(\.\. _sphx_glr_.*?:\n(?:[ \t]*\n)+.+\n=+\n)", re.MULTILINE)
 
 
 def _header_line(app, docname: str, source: list[str]) -> None:
