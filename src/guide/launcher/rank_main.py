@@ -107,7 +107,8 @@ def teardown() -> None:
 
 
 def to_cpu(obj: Any) -> Any:
-    """Results travel to the parent: tensors (and DTensors) become plain CPU tensors."""
+    """Results travel to the parent: tensors (and DTensors) become plain CPU tensors, detached,
+    inside dicts, lists, tuples and namedtuples (which keep their type)."""
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -117,7 +118,9 @@ def to_cpu(obj: Any) -> Any:
         return obj.detach().cpu()
     if isinstance(obj, dict):
         return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple: fields by position
+        return type(obj)(*(to_cpu(v) for v in obj))
+    if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
 
