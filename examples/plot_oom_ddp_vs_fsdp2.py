@@ -84,11 +84,14 @@ def train_worker(rank: guide.Rank, strategy: Strategy) -> dict:
     start = current_bytes()
     model = sharding.wrap(build_model(CFG, device=rank.device), strategy, rank)
     opt = make_optimizer(OPTIMIZER, model.parameters())
+    stale = []  # gradient bytes still allocated as each step's forward starts (after zero_grad)
+    model.register_forward_pre_hook(lambda m, _: stale.append(
+        sum(q.grad.nbytes for q in m.parameters() if q.grad is not None)))
     with PeakMemory(rank.device) as peak:
         losses = train_steps(model, opt, BATCHES, rank.rank, rank.world_size,
                              rank.device)
     return {"losses": losses, "peak": peak.peak_level_bytes - start,
-            "start_vmdata": start_vmdata,
+            "start_vmdata": start_vmdata, "stale_grad_bytes": max(stale),
             "held": memory.measure(model, opt).total}  # model state + DDP's buckets
 
 
@@ -191,6 +194,16 @@ for (strategy, n), results in runs.items():
                            guard=f"asserted: {check}", budget_mib=BUDGET_MIB, **RUN)
     rows.append((f"{strategy} x{n}", predicted / MiB, held_mib, peak / MiB,
                  peak / headroom, outcome))
+
+# Between steps the loop frees the gradients (``zero_grad(set_to_none=True)``): no gradient is
+# allocated when a forward starts, so a step's activations never sit beside the last step's
+# gradients. Zero-filled gradients (``set_to_none=False``) would compute the same losses and raise
+# every peak by a gradient's size; this check catches them.
+for (strategy, n), results in runs.items():
+    stale = max(r["stale_grad_bytes"] for r in results)
+    checks.expect(stale == 0, "gradients freed between steps", f"{strategy} x{n}",
+                  f"{stale:,} B of gradients still allocated when a forward started: "
+                  "zero_grad must set them to None, or the peak holds them too")
 
 print(table(rows, ["run", "predicted held", "measured held", "measured peak",
                    "peak / headroom", "under budget"],
