@@ -69,17 +69,18 @@ def test_a_rank_that_raised_next_to_a_running_peer_raised_it_did_not_hang() -> N
                   stacks="--- Python stack of rank 1 ---\nsleep")
     assert type(err) is RankRaised and (err.rank, err.exc_type, err.remote_traceback) == \
         (0, "ValueError", "TB of ValueError")
-    assert err.details == ("Ranks:\n  rank 0: raised ValueError: boom [exit code 1]\n  rank 1: still "
-                           "running (killed by the launcher)\n\n--- Python stack of rank 1 ---\nsleep")
+    assert err.details == ("Ranks:\n  rank 0: raised ValueError: boom [exit code 1]\n"
+                           "  rank 1: still running (killed by the launcher)\n\n"
+                           "--- Python stack of rank 1 ---\nsleep")
 
 
 def test_a_hang_carries_the_stacks_after_the_stories() -> None:
     err = failure([RankExit(0, 1, 9.0, _error(8.0, "Timed out waiting 5000ms")), RankExit(1, None)],
                   5, stacks="STACKS")
     assert type(err) is RankHung
-    assert err.details == ("Ranks:\n  rank 0: raised RuntimeError: Timed out waiting 5000ms [exit code "
-                           "1; reads like a consequence of another failure]\n  rank 1: still running "
-                           "(killed by the launcher)\n\nSTACKS")
+    assert err.details == ("Ranks:\n  rank 0: raised RuntimeError: Timed out waiting 5000ms "
+                           "[exit code 1; reads like a consequence of another failure]\n"
+                           "  rank 1: still running (killed by the launcher)\n\nSTACKS")
 
 
 def test_an_empty_error_message_is_reported_as_empty() -> None:
@@ -92,7 +93,8 @@ def test_out_of_memory_carries_type_traceback_details_and_an_unknown_size() -> N
     assert type(err) is RankOutOfMemory
     assert (err.exc_type, err.remote_traceback, err.requested_bytes, err.limit_mib) == \
         ("MemoryError", "TB of MemoryError", None, None)
-    assert err.details == "Ranks:\n  rank 0: raised MemoryError: MemoryError: out of memory [exit code 1]"
+    assert err.details == ("Ranks:\n  rank 0: raised MemoryError: MemoryError: out of memory "
+                           "[exit code 1]")
     assert str(err).startswith("rank 0 of 1 ran out of memory: it tried to allocate an unknown "
                                "amount.\n\n")
 
@@ -143,8 +145,8 @@ def test_every_rank_shows_its_type_message_and_exit_code_and_the_earliest_is_the
 def test_a_long_message_shows_its_first_lines_and_how_many_more() -> None:
     message = "\n".join(f"line {i}" for i in range(10))
     err = failure([RankExit(0, 1, 1.0, _error(0.5, message))], 30)
-    assert err.details == ("Ranks:\n  rank 0: raised RuntimeError: line 0\n      line 1\n      line 2"
-                           "\n      ... (7 more lines) [exit code 1]")
+    assert err.details == ("Ranks:\n  rank 0: raised RuntimeError: line 0\n      line 1\n"
+                           "      line 2\n      ... (7 more lines) [exit code 1]")
 
 
 def test_a_signal_after_raising_is_shown_as_the_signal() -> None:
