@@ -8,6 +8,7 @@ page contradict an example silently.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,16 +17,19 @@ import pytest
 
 from guide import claims
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def ledger_ext(monkeypatch):
-    monkeypatch.syspath_prepend(str(DOCS))
-    import ledger_ext
-
-    yield ledger_ext
-    sys.modules.pop("ledger_ext", None)
+    """``docs/ledger_ext.py``, imported as ``docs.ledger_ext`` (the name the mutation session
+    knows it by; Sphinx imports the same file as ``ledger_ext``)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    module = importlib.import_module("docs.ledger_ext")
+    assert Path(module.__file__) == ROOT / "docs" / "ledger_ext.py"
+    yield module
+    for name in ("docs.ledger_ext", "docs"):
+        sys.modules.pop(name, None)
 
 
 def test_records_of_existing_pages_survive_and_of_gone_pages_are_dropped(
