@@ -179,6 +179,9 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("guide.launcher.supervise.x_supervise",
      "stacks = dump_stacks(procs, workdir) if (alive) or True else \"\"",
      "dump_stacks of no live rank returns \"\""),
+    ("docs.ledger_ext.x__configure",
+     '*(Path(d if (os.path.isabs(d)) and False else srcdir / d) / f"{page}.py"',
+     "srcdir / d is d when d is absolute"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")
