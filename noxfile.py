@@ -155,9 +155,9 @@ def _record_compat(run: dict) -> None:
 
 @nox.session
 def mutation(session: nox.Session) -> None:
-    """Mutation testing (mutmut) of the checks and the launcher's failure paths: each mutant is a
-    one-line bug injected into guide; a surviving mutant is a check nobody tests. Slow (see
-    README); not part of CI."""
+    """Mutation testing (mutmut) of the checks, the launcher, checkpoint, comm, training, memory
+    and docs/ledger_ext.py (benchmarks/mutation.py's SCOPE): each mutant is a one-line bug; a
+    surviving mutant is a check nobody tests. Slow (see README); not part of CI."""
     _install(session, "docs,test")
     session.install(*CONSTRAINTS, "mutmut")
     session.run("python", "benchmarks/mutation.py", *session.posargs, env=ENV)
