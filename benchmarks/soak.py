@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def main() -> int:
         print("note: GUIDE_LEDGER_DIR is ignored: the soak records nothing.", flush=True)
     rows, failed_runs, loads = [], 0, []
     start = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the hogs are stopped too
     hogs = start_hogs(args.hogs)
     try:
         for page in chosen:
