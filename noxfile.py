@@ -2,7 +2,8 @@
 ``tests`` runs pytest; ``modes`` runs every example at every world size it declares, with torchrun
 and python; ``browser`` and ``downloads`` check the built site; ``compat`` runs the tests
 and the examples on the lowest and the newest torch the project claims; ``mutation`` checks that the
-checks bite.
+checks bite; ``soak`` runs every example page N times beside CPU hogs (flakes that need a busy
+machine).
 
 Every session runs on the interpreter that runs nox (any supported Python, see
 :data:`SUPPORTED_PYTHONS`), never on a hard-coded one: a pinned interpreter that is missing makes nox
@@ -170,9 +171,18 @@ def _record_compat(run: dict) -> None:
 
 @nox.session
 def mutation(session: nox.Session) -> None:
-    """Mutation testing (mutmut) of the checks and the launcher's failure paths: each mutant is a
-    one-line bug injected into guide; a surviving mutant is a check nobody tests. Slow (see
-    README); not part of CI."""
+    """Mutation testing (mutmut) of the checks, the launcher, checkpoint, comm, training, memory
+    and docs/ledger_ext.py (benchmarks/mutation.py's SCOPE): each mutant is a one-line bug; a
+    surviving mutant is a check nobody tests. Slow (see README); not part of CI."""
     _install(session, "docs,test")
     session.install(*CONSTRAINTS, "mutmut")
     session.run("python", "benchmarks/mutation.py", *session.posargs, env=ENV)
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """Every example page N times (default 5) beside CPU-bound hogs (default 4), then a table of
+    passes per page and the load average (benchmarks/soak.py; posargs go to it, e.g.
+    ``-- --runs 20 plot_checkpoint``). Long: about N docs builds; not part of CI."""
+    _install(session, "docs,test")
+    session.run("python", "benchmarks/soak.py", *session.posargs, env=ENV)

@@ -51,12 +51,20 @@ SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
     "guide.checks": ("src/guide/checks.py", ("guide.checks.*",)),
     "guide.claims": ("src/guide/claims.py", ("guide.claims.*",)),
     "guide.data.rank_slice": ("src/guide/data.py", ("guide.data.x_rank_slice__mutmut_*",)),
-    "guide.training.mean_over_ranks": ("src/guide/training.py",
-                                       ("guide.training.x_mean_over_ranks__mutmut_*",)),
+    "guide.training": ("src/guide/training.py", ("guide.training.*",)),
     # the launcher's failure paths: who failed, how, and the exception that says so
     "guide.launcher.supervise": ("src/guide/launcher/supervise.py",
                                  ("guide.launcher.supervise.*",)),
     "guide.launcher.errors": ("src/guide/launcher/errors.py", ("guide.launcher.errors.*",)),
+    "guide.launcher.rank_main": ("src/guide/launcher/rank_main.py",
+                                 ("guide.launcher.rank_main.*",)),
+    # issue 29's audit: the modules whose survivors it found
+    "guide.checkpoint": ("src/guide/checkpoint.py", ("guide.checkpoint.*",)),
+    "guide.comm.log": ("src/guide/comm/log.py", ("guide.comm.log.*",)),
+    "guide.comm.cost": ("src/guide/comm/cost.py", ("guide.comm.cost.*",)),
+    "guide.memory.measured": ("src/guide/memory/measured.py", ("guide.memory.measured.*",)),
+    "guide.memory.predicted": ("src/guide/memory/predicted.py", ("guide.memory.predicted.*",)),
+    "docs/ledger_ext.py": ("docs/ledger_ext.py", ("docs.ledger_ext.*",)),
 }
 
 #: Kill rate every module must reach.
@@ -118,7 +126,32 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
                "if proc.exitcode > 0 and first_failure is None:", _LAUNCHER),
     # no root-cause filter: a peer that only noticed the failure can take the blame
     HandMutant(_SUPERVISE, "primary = [e for e in failed if not (e.error and "
-               '_PEER_GONE.search(e.error["message"]))]', "primary = failed", _LAUNCHER),
+               "is_consequence(e.error))]", "primary = failed", _LAUNCHER),
+    # a rank's story without its message
+    HandMutant(_SUPERVISE,
+               "return f\"rank {e.rank}: raised {e.error['type']}{head}{more} [{code}{note}]\"",
+               "return f\"rank {e.rank}: raised {e.error['type']}\"", _LAUNCHER),
+    # issue 29's survivors, each killed by the test named in the issue's closing note
+    HandMutant("src/guide/checkpoint.py", "for block in iter(lambda: f.read(1 << 20), b\"\"):\n"
+               "            digest.update(block)", "digest.update(f.read(1 << 20))",
+               ("tests/test_checkpoint.py",)),
+    HandMutant("src/guide/checkpoint.py",
+               "missing = _any_rank(not (partial / _METADATA).is_file(), process_group)",
+               "missing = not (partial / _METADATA).is_file()",
+               ("tests/test_checkpoint.py",)),
+    HandMutant("src/guide/comm/log.py", "return t.numel() * n, t.dtype, n",
+               "return t.numel(), t.dtype, n", ("tests/comm/test_log.py",)),
+    HandMutant("src/guide/comm/cost.py", "per_node = min(group_size, g // stride)",
+               "per_node = min(group_size, g)", ("tests/comm/test_cost.py",)),
+    HandMutant("src/guide/training.py", "optimizer.zero_grad(set_to_none=True)",
+               "optimizer.zero_grad(set_to_none=False)", ("tests/test_zero_grad.py",)),
+    HandMutant("src/guide/launcher/rank_main.py",
+               "return type(obj)(*(to_cpu(v) for v in obj))", "return obj",
+               ("tests/launcher/test_local.py",)),
+    HandMutant("src/guide/memory/measured.py",
+               "return [tuple(q.shape) for q in model.parameters()]",
+               "return [tuple(getattr(q, '_local_tensor', q).shape) for q in model.parameters()]",
+               ("tests/memory/test_measured.py",)),
 )
 
 #: Survivors that are not bugs: (function, the mutated line as ``mutmut show`` prints it after its
@@ -146,6 +179,9 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("guide.launcher.supervise.x_supervise",
      "stacks = dump_stacks(procs, workdir) if (alive) or True else \"\"",
      "dump_stacks of no live rank returns \"\""),
+    ("docs.ledger_ext.x__configure",
+     '*(Path(d if (os.path.isabs(d)) and False else srcdir / d) / f"{page}.py"',
+     "srcdir / d is d when d is absolute"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -218,8 +218,10 @@ def warm_up(root, group) -> None:
 # grow with the model are measured on ``BIG``, a bigger model of the same kind (not trained:
 # ``get_state_dict`` gives AdamW its zero moments): rank 0's peak memory
 # (:class:`guide.memory.PeakMemory`) during a sharded save and during a full state dict, and how
-# long a blocking save and an ``async_save`` keep training waiting.
+# long a blocking save and an ``async_save`` keep training waiting (each the fastest of
+# ``TIMINGS`` saves: a busy machine only ever adds time).
 BIG = ModelConfig(vocab=1024, d_model=256, n_layers=2, n_heads=4, d_mlp=1024)
+TIMINGS = 3  # each save is timed this many times; the fastest counts (a busy machine only adds)
 
 
 def big_saves(rank, root, group) -> dict:
@@ -231,18 +233,24 @@ def big_saves(rank, root, group) -> dict:
         save_s = time.perf_counter() - start
     with PeakMemory(device="cpu") as full:
         held = full_state_dict(model, opt, rank, root / "big-full.pt")
-    start = time.perf_counter()
-    msd, osd = get_state_dict(model, opt)
-    partial = checkpoint.begin_save(root / "big-async", group)
-    future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=partial,
-                            process_group=group)
-    call_s = time.perf_counter() - start  # training would go on from here
-    future.result()
-    start = time.perf_counter()
-    checkpoint.publish(partial, group)
-    blocked_s = call_s + time.perf_counter() - start
+    blocked_s = []
+    for i in range(TIMINGS):
+        if i:  # the first blocking save is the one measured for memory above
+            start = time.perf_counter()
+            save(model, opt, root / f"big-sharded-{i}")
+            save_s = min(save_s, time.perf_counter() - start)
+        start = time.perf_counter()
+        msd, osd = get_state_dict(model, opt)
+        partial = checkpoint.begin_save(root / f"big-async-{i}", group)
+        future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=partial,
+                                process_group=group)
+        call_s = time.perf_counter() - start  # training would go on from here
+        future.result()
+        start = time.perf_counter()
+        checkpoint.publish(partial, group)
+        blocked_s.append(call_s + time.perf_counter() - start)
     return {"peak_sharded": sharded.peak_bytes, "peak_full": full.peak_bytes,
-            "full_held": held, "save_s": save_s, "async_blocked_s": blocked_s}
+            "full_held": held, "save_s": save_s, "async_blocked_s": min(blocked_s)}
 
 
 # %%

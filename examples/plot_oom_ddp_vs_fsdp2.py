@@ -98,6 +98,7 @@ class OOMResult:
     losses: list[float]
     peak: int
     start_vmdata: int
+    stale_grad_bytes: int
     held: int
 
 
@@ -110,9 +111,12 @@ def train_worker(rank: guide.Rank, strategy: Strategy) -> OOMResult:
     model = (sharding.apply_ddp(model, mesh) if strategy is Strategy.DDP
              else sharding.apply_fsdp2(model, mesh))
     opt = make_optimizer(OPTIMIZER, model.parameters())
+    stale = []  # gradient bytes still allocated as each step's forward starts (after zero_grad)
+    model.register_forward_pre_hook(lambda m, _: stale.append(
+        sum(q.grad.nbytes for q in m.parameters() if q.grad is not None)))
     with PeakMemory(rank.device) as peak:
         losses = train_steps(model, opt, BATCHES, rank)
-    return OOMResult(losses, peak.peak_level_bytes - start, start_vmdata,
+    return OOMResult(losses, peak.peak_level_bytes - start, start_vmdata, max(stale),
                      memory.measure(model, opt).total)  # held: model state + DDP's buckets
 
 
@@ -260,6 +264,16 @@ for (strategy, n), results in runs.items():
                            budget_mib=BUDGET_MIB, **RUN)
     rows.append((f"{strategy} x{n}", predicted / MiB, held_mib, peak / MiB,
                  peak / headroom, outcome))
+
+# Between steps the loop frees the gradients (``zero_grad(set_to_none=True)``): no gradient is
+# allocated when a forward starts, so a step's activations never sit beside the last step's
+# gradients. Zero-filled gradients (``set_to_none=False``) would compute the same losses and raise
+# every peak by a gradient's size; this check catches them.
+for (strategy, n), results in runs.items():
+    stale = max(r.stale_grad_bytes for r in results)
+    checks.expect("gradients freed between steps", f"{strategy} x{n}", stale == 0,
+                  f"{stale:,} B of gradients still allocated when a forward started: "
+                  "zero_grad must set them to None, or the peak holds them too")
 
 print(table(rows, ["run", "predicted held", "measured held", "measured peak",
                    "peak / headroom", "under budget"],

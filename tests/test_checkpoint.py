@@ -23,6 +23,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -274,6 +275,22 @@ def test_fault_fails_verify_by_name(fault: str, tmp_path: Path) -> None:
         run_fault(fault, tmp_path)
 
 
+def test_a_flipped_byte_deep_in_a_big_shard_fails_verify(tmp_path: Path) -> None:
+    """Every byte is hashed, not the first block: a 4 MiB shard with a byte flipped at 3 MiB."""
+    path = checkpoint.step_dir(tmp_path, 1)
+    with checkpoint.publishing(path) as partial:
+        dcp.save({"w": torch.zeros(1 << 20)}, checkpoint_id=partial, no_dist=True)
+    shard = path / "__0_0.distcp"
+    assert shard.stat().st_size > 4 << 20
+    with shard.open("r+b") as f:
+        f.seek(3 << 20)
+        byte = f.read(1)
+        f.seek(3 << 20)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CheckpointError, match=r"__0_0\.distcp has the right size .* corrupted"):
+        checkpoint.verify(path)
+
+
 def test_verify_names_a_missing_directory_and_a_partial_one(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="no such checkpoint directory"):
         checkpoint.verify(tmp_path / "step-000001")
@@ -413,6 +430,35 @@ def test_a_bad_checkpoint_fails_every_rank_by_name_without_a_hang(fault: str,
     assert info.value.exc_type == "CheckpointError"
     assert re.search(pattern, str(info.value)), str(info.value)
     assert "rank 0" in str(info.value) and "rank 1" in str(info.value)  # both ranks raised it
+
+
+def _publish_with_a_slow_rank(rank: guide.Rank, root: Path) -> list[str]:
+    """Save and publish on every rank, with rank 1 descheduled (a busy machine) for 1 s right after
+    publish's first barrier: the window in which rank 0 used to rename ``.partial`` away before rank
+    1 had looked for its ``.metadata``. Returns the names in the published directory."""
+    barrier = checkpoint._barrier
+    calls = []
+
+    def slow_after_first(group: object) -> None:
+        barrier(group)
+        calls.append(group)
+        if rank.rank == 1 and len(calls) == 2:  # begin_save's, then publish's first
+            time.sleep(1.0)
+
+    checkpoint._barrier = slow_after_first  # this rank's process only (ranks are fresh processes)
+    model = sharding.wrap(build_model(CFG, seed=0), "fsdp2", rank)
+    with checkpoint.publishing(checkpoint.step_dir(root, 1)) as partial:
+        dcp.save(state_of(model, make_optimizer("adamw", model.parameters())),
+                 checkpoint_id=partial)
+    return sorted(p.name for p in checkpoint.step_dir(root, 1).iterdir())
+
+
+def test_publish_waits_for_a_slow_rank_to_check_before_renaming(tmp_path: Path) -> None:
+    """The checkpoint page's flake, made deterministic: a slow rank must still find ``.metadata``
+    (before the fix: "step-000001.partial has no .metadata" on rank 1, every time)."""
+    names = guide.launch(_publish_with_a_slow_rank, 2, tmp_path, collective_timeout_s=20)
+    assert names[0] == names[1] and ".metadata" in names[0] and checkpoint.MANIFEST in names[0]
+    assert checkpoint.latest(tmp_path) == checkpoint.step_dir(tmp_path, 1)
 
 
 #: What ``python tests/test_checkpoint.py FAULT`` can run: the verify() faults, and a rank killed

@@ -127,15 +127,22 @@ def begin_save(directory: str | os.PathLike, process_group: Any = None) -> Path:
 def publish(partial: str | os.PathLike, process_group: Any = None) -> Path:
     """Publish a finished save: rank 0 writes :data:`MANIFEST` and renames ``<dir>.partial`` to
     ``<dir>`` (atomic on one filesystem). Collective: call it on every rank after ``dcp.save``
-    returned there (after ``future.result()`` for ``dcp.async_save``). Returns ``<dir>``."""
+    returned there (after ``future.result()`` for ``dcp.async_save``). Returns ``<dir>``.
+
+    Every rank checks that ``.metadata`` is there, and the ranks agree on the verdict (one
+    all-reduce) before rank 0 renames anything: no rank looks for ``<dir>.partial`` after it is
+    gone, and a save missing it fails every rank, none left waiting."""
     partial = Path(partial)
     if not partial.name.endswith(PARTIAL):
         raise CheckpointError(f"{partial} is not a {PARTIAL!r} directory from begin_save().")
     final = partial.with_name(partial.name.removesuffix(PARTIAL))
     _barrier(process_group)  # every rank's files are written and closed
-    if not (partial / _METADATA).is_file():  # checked on every rank: all raise, none waits
-        raise CheckpointError(f"{partial} has no {_METADATA}: dcp.save did not finish; "
-                              "nothing is published.")
+    # Every rank looks, then the ranks agree before rank 0 renames: a rank that looked only after
+    # the rename (descheduled on a busy machine) would find no .partial and fail a good save.
+    missing = _any_rank(not (partial / _METADATA).is_file(), process_group)
+    if missing:  # every rank has the same verdict: all raise, none waits
+        raise CheckpointError(f"{partial} has no {_METADATA}: dcp.save did not finish (seen by "
+                              "at least one rank); nothing is published.")
     if _rank(process_group) == 0:
         files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
                  for p in sorted(partial.iterdir()) if p.is_file()}
@@ -382,6 +389,15 @@ def _fsync_dir(path: Path) -> None:
 
 def _rank(process_group: Any) -> int:
     return dist.get_rank(process_group) if dist.is_initialized() else 0
+
+
+def _any_rank(flag: bool, process_group: Any) -> bool:
+    """True on every rank if ``flag`` is true on any rank (a collective, and so a barrier too)."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=process_group)
+    return bool(t.item())
 
 
 def _barrier(process_group: Any) -> None:

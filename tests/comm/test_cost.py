@@ -53,6 +53,17 @@ def test_groups_that_share_a_node_share_its_nics():
         comm.ranks_per_node(12, H100_NODE)
 
 
+def test_a_strided_group_has_fewer_ranks_per_node():
+    """4 ranks, 4 apart, on 8-GPU nodes: 2 per node (ranks 0 and 4), not 4."""
+    assert comm.ranks_per_node(4, H100_NODE, stride=4) == 2
+    assert comm.ranks_per_node(16, H100_NODE, stride=2) == 4
+    # 16 ranks, 2 apart: 4 per node over 4 nodes, each group's share of a node's NICs is 4/8
+    node = H100_NODE
+    share = node.nics_per_node * node.nic_bytes_per_s * 4 / node.gpus_per_node
+    assert comm.bus_bandwidth(node, 16, stride=2) == min(node.nvlink_bytes_per_s, share)
+    assert comm.bus_bandwidth(node, 16, stride=2) == comm.bus_bandwidth(node, 16) / 2
+
+
 def test_hierarchical_all_reduce_beats_the_ring_on_two_nodes_only():
     ring = comm.bus_bandwidth(H100_NODE, 16)
     two = comm.bus_bandwidth(H100_NODE, 16, algorithm="hierarchical")

@@ -167,3 +167,17 @@ def test_wire_bytes_show_gloo_runs_reduce_scatter_as_all_reduce(fsdp2_run):
     # the ring model (a native reduce-scatter) is what gloo does *not* do: the check must say so
     with pytest.raises(checks.CheckFailed, match=r"\[comm wire\] fsdp2: rank 0"):
         checks.check_wire("fsdp2", wire, sum(comm.ring_bytes(c) for c in step), steps=1)
+
+
+def _list_all_gather(rank: guide.Rank) -> list[Collective]:
+    with CollectiveLog() as log:
+        out = [torch.zeros(5) for _ in range(rank.world_size)]
+        dist.all_gather(out, torch.full((5,), float(rank.rank)))
+    assert [t[0].item() for t in out] == list(range(rank.world_size))
+    return log.records
+
+
+def test_list_form_all_gather_counts_the_gathered_elements():
+    """``dist.all_gather(list, t)`` moves world_size × t.numel() elements, like the tensor form."""
+    records = guide.launch(_list_all_gather, 2)[0]
+    assert records == [Collective("all_gather", "float32", 10, 40, None, 2)]

@@ -69,16 +69,18 @@ def test_a_rank_that_raised_next_to_a_running_peer_raised_it_did_not_hang() -> N
                   stacks="--- Python stack of rank 1 ---\nsleep")
     assert type(err) is RankRaised and (err.rank, err.exc_type, err.remote_traceback) == \
         (0, "ValueError", "TB of ValueError")
-    assert err.details == ("Ranks:\n  rank 0: raised ValueError\n  rank 1: still running (killed by "
-                           "the launcher)\n\n--- Python stack of rank 1 ---\nsleep")
+    assert err.details == ("Ranks:\n  rank 0: raised ValueError: boom [exit code 1]\n"
+                           "  rank 1: still running (killed by the launcher)\n\n"
+                           "--- Python stack of rank 1 ---\nsleep")
 
 
 def test_a_hang_carries_the_stacks_after_the_stories() -> None:
     err = failure([RankExit(0, 1, 9.0, _error(8.0, "Timed out waiting 5000ms")), RankExit(1, None)],
                   5, stacks="STACKS")
     assert type(err) is RankHung
-    assert err.details == ("Ranks:\n  rank 0: raised RuntimeError\n  rank 1: still running (killed "
-                           "by the launcher)\n\nSTACKS")
+    assert err.details == ("Ranks:\n  rank 0: raised RuntimeError: Timed out waiting 5000ms "
+                           "[exit code 1; reads like a consequence of another failure]\n"
+                           "  rank 1: still running (killed by the launcher)\n\nSTACKS")
 
 
 def test_an_empty_error_message_is_reported_as_empty() -> None:
@@ -91,7 +93,8 @@ def test_out_of_memory_carries_type_traceback_details_and_an_unknown_size() -> N
     assert type(err) is RankOutOfMemory
     assert (err.exc_type, err.remote_traceback, err.requested_bytes, err.limit_mib) == \
         ("MemoryError", "TB of MemoryError", None, None)
-    assert err.details == "Ranks:\n  rank 0: raised MemoryError"
+    assert err.details == ("Ranks:\n  rank 0: raised MemoryError: MemoryError: out of memory "
+                           "[exit code 1]")
     assert str(err).startswith("rank 0 of 1 ran out of memory: it tried to allocate an unknown "
                                "amount.\n\n")
 
@@ -120,3 +123,56 @@ def test_rank_out_of_memory_keeps_every_field() -> None:
             err.details, str(err)) == (1, "MemoryError", "TB", 2**20, 800, "D", "msg\n\nD")
     plain = RankOutOfMemory("msg", 1, "MemoryError", "TB", None, None)
     assert (plain.details, str(plain)) == ("", "msg")
+
+
+# -- every rank's story, and the root cause among them ---------------------------------------------
+
+def test_every_rank_shows_its_type_message_and_exit_code_and_the_earliest_is_the_cause() -> None:
+    """Rank 0 raises RuntimeError("A"); rank 1 raises ValueError("B") 0.3 s later: rank 0 is the
+    cause, with its whole traceback, and rank 1's message is shown too."""
+    exits = [RankExit(0, 1, 101.0, _error(100.0, "A")),
+             RankExit(1, 1, 101.0, _error(100.3, "B", "ValueError")),
+             RankExit(2, -signal.SIGKILL, 101.0)]
+    err = failure(exits, 30)
+    assert type(err) is RankRaised and err.rank == 0
+    assert str(err).startswith("rank 0 of 3 raised RuntimeError: A\n\nTraceback from rank 0:\n"
+                               "TB of RuntimeError")
+    assert err.details == ("Ranks:\n  rank 0: raised RuntimeError: A [exit code 1]\n"
+                           "  rank 1: raised ValueError: B [exit code 1]\n"
+                           "  rank 2: was killed by SIGKILL")
+
+
+def test_a_long_message_shows_its_first_lines_and_how_many_more() -> None:
+    message = "\n".join(f"line {i}" for i in range(10))
+    err = failure([RankExit(0, 1, 1.0, _error(0.5, message))], 30)
+    assert err.details == ("Ranks:\n  rank 0: raised RuntimeError: line 0\n      line 1\n"
+                           "      line 2\n      ... (7 more lines) [exit code 1]")
+
+
+def test_a_signal_after_raising_is_shown_as_the_signal() -> None:
+    err = failure([RankExit(0, -signal.SIGTERM, 1.0, _error(0.5, "boom"))], 30)
+    assert err.details == "Ranks:\n  rank 0: raised RuntimeError: boom [was killed by SIGTERM]"
+
+
+@pytest.mark.parametrize("message, exc_type", [
+    ("[gloo] Connection closed by peer [127.0.0.1]:1234", "RuntimeError"),
+    ("Timed out waiting 30000ms for recv operation to complete", "DistBackendError"),
+    ("/tmp/x/async.partial has no .metadata: dcp.save did not finish", "CheckpointError"),
+    ("[Errno 2] No such file or directory: '/tmp/x/__0_0.distcp'", "FileNotFoundError"),
+    ("whatever it says", "FileNotFoundError"),
+])
+def test_a_consequence_is_not_blamed_over_a_later_originating_error(message: str,
+                                                                   exc_type: str) -> None:
+    """The consequence came first (the rank noticed fast); the origin raised later but is blamed."""
+    exits = [RankExit(0, 1, 101.0, _error(100.0, message, exc_type)),
+             RankExit(1, 1, 101.0, _error(100.3, "the real fault", "ValueError"))]
+    err = failure(exits, 30)
+    assert err.rank == 1 and str(err).startswith("rank 1 of 2 raised ValueError: the real fault")
+    assert "reads like a consequence" in err.details.splitlines()[1]
+    assert message.splitlines()[0] in err.details
+
+
+def test_when_every_error_is_a_consequence_the_earliest_is_blamed() -> None:
+    exits = [RankExit(0, 1, 101.0, _error(100.2, "Connection closed by peer")),
+             RankExit(1, 1, 101.0, _error(100.1, "x.partial has no .metadata", "CheckpointError"))]
+    assert failure(exits, 30).rank == 1

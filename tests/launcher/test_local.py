@@ -14,7 +14,9 @@ import torch.distributed as dist
 
 import guide
 
-from .workers import sum_of_ranks
+from guide.launcher.rank_main import to_cpu
+
+from .workers import Pair, named_result, sum_of_ranks
 
 # Per-test limit here (tighter than pyproject's): slowest measured 23 s (a subprocess that imports
 # guide and torch, or a session's first job with the fork server cold; 2 loaded cores).
@@ -75,6 +77,19 @@ def test_dataclass_results_arrive_with_local_cpu_tensors() -> None:
     a, b = guide.launch(worker, 2)
     assert type(a.shard) is torch.Tensor and a.shard.tolist() == [0, 1] and a.label == "rank 0"
     assert b.shard.tolist() == [2, 3] and b.label == "rank 1"
+
+
+def test_a_namedtuple_result_comes_back_as_one_with_cpu_tensors() -> None:
+    a, b = guide.launch(named_result, 2)
+    assert type(a) is Pair and (a.rank, b.rank) == (0, 1)
+    assert b.value.tolist() == [1.0, 1.0] and not b.value.requires_grad
+
+
+def test_to_cpu_rebuilds_namedtuples_field_by_field() -> None:
+    out = to_cpu(Pair(3, torch.ones(1, requires_grad=True)))
+    assert type(out) is Pair and out.rank == 3 and not out.value.requires_grad
+    nested = to_cpu({"p": [Pair(1, torch.zeros(1, requires_grad=True))]})
+    assert type(nested["p"][0]) is Pair and not nested["p"][0].value.requires_grad
 
 
 def _listening_sockets(pids: list[int]) -> list[str]:

@@ -372,3 +372,25 @@ def test_a_rank_that_dies_before_it_is_asked_for_its_stack_is_said_so(tmp_path) 
     stale = SimpleNamespace(pid=gone.pid, exitcode=None)
     assert dump_stacks([stale], tmp_path) == (
         "--- Python stack of rank 0 ---\n(no stack: the rank did not answer SIGUSR1)")
+
+
+def _a_then_b(rank: guide.Rank) -> None:
+    dist.barrier()
+    if rank.rank == 0:
+        raise RuntimeError("A")
+    time.sleep(0.3)
+    raise ValueError("B")
+
+
+@pytest.mark.usefixtures("warm_fork_server")
+def test_every_ranks_message_is_shown_and_the_earliest_raiser_is_the_cause() -> None:
+    """Rank 0 raises RuntimeError("A"), rank 1 ValueError("B") 0.3 s later: rank 0 is named, with
+    its traceback; rank 1's type, message and exit code are in the report too."""
+    with pytest.raises(guide.RankRaised) as info:
+        guide.launch(_a_then_b, 2, deadline_s=30)
+    err = info.value
+    assert (err.rank, err.exc_type) == (0, "RuntimeError")
+    assert str(err).startswith("rank 0 of 2 raised RuntimeError: A\n\nTraceback from rank 0:")
+    assert 'raise RuntimeError("A")' in err.remote_traceback
+    assert "rank 0: raised RuntimeError: A [exit code 1]" in err.details
+    assert "rank 1: raised ValueError: B [exit code 1]" in err.details

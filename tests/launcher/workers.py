@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 
@@ -13,3 +15,14 @@ def sum_of_ranks(rank: guide.Rank, scale: float = 1.0) -> dict:
     t = torch.tensor([float(rank.rank)])
     dist.all_reduce(t)
     return {"rank": rank.rank, "world": rank.world_size, "sum": t * scale, "device": str(rank.device)}
+
+
+class Pair(NamedTuple):
+    """A worker's result as a namedtuple: it must come back as one, its tensors on the CPU."""
+
+    rank: int
+    value: torch.Tensor
+
+
+def named_result(rank: guide.Rank) -> Pair:
+    return Pair(rank.rank, torch.ones(2, requires_grad=True) * rank.rank)

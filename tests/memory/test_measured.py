@@ -80,6 +80,8 @@ def _ranks_worker(rank: guide.Rank) -> dict:
         train_steps(model, opt, batches, rank)
         reducer = reducer_bucket_bytes(model) if isinstance(model, DistributedDataParallel) else 0
         out[run] = (measure(model, opt), reducer)
+        if run == "fsdp2":  # after fully_shard: still the global shapes
+            out["fsdp2_shapes"] = param_shapes(model)
         del model, opt
     return out
 
@@ -87,6 +89,13 @@ def _ranks_worker(rank: guide.Rank) -> dict:
 @pytest.fixture(scope="module")
 def three_ranks():
     return param_shapes(build_model(_CFG)), guide.launch(_ranks_worker, 3)
+
+
+def test_param_shapes_are_the_global_shapes_after_fully_shard(three_ranks):
+    """127 rows over 3 ranks: a rank's shard has 43 (or 41) rows, param_shapes still says 127."""
+    shapes, results = three_ranks
+    assert (127, 32) in shapes
+    assert all(r["fsdp2_shapes"] == shapes for r in results)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp2"])

@@ -107,8 +107,9 @@ def teardown() -> None:
 
 
 def to_cpu(obj: Any) -> Any:
-    """Results travel to the parent: tensors (and DTensors) become plain CPU tensors, inside dicts,
-    lists, tuples and dataclasses (a worker's result record) alike."""
+    """Results travel to the parent: tensors (and DTensors) become plain CPU tensors, detached,
+    inside dicts, lists, tuples, namedtuples (which keep their type) and dataclasses (a worker's
+    result record)."""
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -121,7 +122,9 @@ def to_cpu(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # a worker's result record
         return dataclasses.replace(obj, **{f.name: to_cpu(getattr(obj, f.name))
                                            for f in dataclasses.fields(obj) if f.init})
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple: fields by position
+        return type(obj)(*(to_cpu(v) for v in obj))
+    if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
 

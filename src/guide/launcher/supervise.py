@@ -33,7 +33,8 @@ from guide.launcher.errors import (
     RankRaised,
 )
 
-__all__ = ["GRACE_S", "RankExit", "describe_exit", "failure", "root_cause", "supervise"]
+__all__ = ["GRACE_S", "MESSAGE_LINES", "RankExit", "describe_exit", "failure", "is_consequence",
+           "root_cause", "supervise"]
 
 #: Seconds the launcher waits, after the first rank fails, for the others to report their own errors.
 GRACE_S = 2.0
@@ -41,6 +42,16 @@ GRACE_S = 2.0
 _GLOO_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 #: What a rank says when it is not the culprit but noticed a peer go away.
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker crashing")
+#: Errors that are usually a *consequence* of another rank's failure: a peer gone, a timeout waiting
+#: for a peer, a file another rank should have written (or already moved). Such a rank is blamed
+#: only when no rank failed otherwise.
+_CONSEQUENCE = re.compile(
+    _PEER_GONE.pattern + r"|Broken pipe|timed out|timeout|No such file or directory|is missing"
+    r"|has no \.metadata", re.IGNORECASE)
+_CONSEQUENCE_TYPES = frozenset({"FileNotFoundError", "TimeoutError", "BrokenPipeError",
+                                "ConnectionResetError", "ConnectionAbortedError"})
+#: How many lines of each rank's message the report shows (the root cause's traceback is whole).
+MESSAGE_LINES = 3
 _OOM = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory|MemoryError")
 _OOM_BYTES = re.compile(r"tried to allocate (\d+) bytes")
 
@@ -103,18 +114,27 @@ def supervise(procs: Sequence[Any], workdir: Path, deadline_s: float, collective
 
 
 def root_cause(exits: Sequence[RankExit]) -> int:
-    """The rank to blame: the earliest failure that is not merely a peer noticing it.
+    """The rank to blame: the earliest originating failure, not a rank reporting a consequence.
 
-    A rank that raised is dated by its own record; a rank that died without a word (a signal,
-    ``os._exit``) by when the supervisor saw it go, which can be *later* than the error of a peer
-    that noticed the death first ("Connection reset by peer"). So ranks whose error only says a peer
-    went away are ruled out first, whatever their timestamps. Raises ``ValueError`` if no rank failed.
+    A rank that raised is dated by its own record (``time.time()`` when it raised); a rank that died
+    without a word (a signal, ``os._exit``) by when the supervisor saw it go, which can be *later*
+    than the error of a peer that noticed the death first ("Connection reset by peer"). So ranks
+    whose error is consequence-like (:func:`is_consequence`: a peer gone, a timeout waiting for a
+    peer, a missing file) are ruled out first, whatever their timestamps; among the rest (or, if
+    all are consequences, among those) the earliest is blamed. Raises ``ValueError`` if no rank
+    failed.
     """
     failed = [e for e in exits if e.failed]
     if not failed:
         raise ValueError("root_cause() needs at least one failed rank; every rank finished or runs.")
-    primary = [e for e in failed if not (e.error and _PEER_GONE.search(e.error["message"]))]
+    primary = [e for e in failed if not (e.error and is_consequence(e.error))]
     return min(primary or failed, key=_when).rank
+
+
+def is_consequence(error: dict[str, Any]) -> bool:
+    """True if a rank's error record reads like a consequence of another rank's failure (a peer
+    gone, a timeout waiting for a peer, a file not there) rather than a fault of its own."""
+    return error["type"] in _CONSEQUENCE_TYPES or bool(_CONSEQUENCE.search(error["message"]))
 
 
 def failure(exits: Sequence[RankExit], collective_timeout_s: float,
@@ -205,12 +225,20 @@ def _when(e: RankExit) -> float:
 
 
 def _story(e: RankExit) -> str:
+    """One rank's line (more for a long message): how it ended, its message's first lines, its
+    exit code or signal."""
     if e.exitcode is None:
         return f"rank {e.rank}: still running (killed by the launcher)"
     if not e.failed:
         return f"rank {e.rank}: finished"
     if e.error:
-        return f"rank {e.rank}: raised {e.error['type']}"
+        code = describe_exit(e.exitcode) if e.exitcode < 0 else f"exit code {e.exitcode}"
+        lines = e.error["message"].strip().splitlines()
+        head = (": " + "\n      ".join(lines[:MESSAGE_LINES])) if lines else ""
+        more = f"\n      ... ({len(lines) - MESSAGE_LINES} more lines)" \
+            if len(lines) > MESSAGE_LINES else ""
+        note = "; reads like a consequence of another failure" if is_consequence(e.error) else ""
+        return f"rank {e.rank}: raised {e.error['type']}{head}{more} [{code}{note}]"
     return f"rank {e.rank}: {describe_exit(e.exitcode)}"
 
 
