@@ -47,7 +47,7 @@ class WorldSizes(SphinxDirective):
         for stem, c in contracts(self.env.app).items():
             groups.setdefault(c.supports, []).append((stem, c.why))
             self.env.note_dependency(str(_examples_dir(self.env.app) / f"{stem}.py"))
-        items = nodes.bullet_list()
+        items = nodes.bullet_list(classes=["world-sizes"])  # declarations, not measurements
         for sizes, members in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
             para = nodes.paragraph()
             para += nodes.strong(text=f"{english(sizes)} ranks: ")
@@ -73,7 +73,8 @@ def _header_line(app, docname: str, source: list[str]) -> None:
     if not docname.startswith(f"{GALLERY}/plot_"):
         return
     line = header(declared(_examples_dir(app) / f"{docname.split('/')[-1]}.py"))
-    source[0], n = _TITLE.subn(lambda m: f"{m[1]}\n*{line}*\n", source[0], count=1)
+    source[0], n = _TITLE.subn(lambda m: f"{m[1]}\n.. rst-class:: world-sizes\n\n*{line}*\n",
+                               source[0], count=1)
     if n != 1:
         raise ValueError(f"{docname}: no title found to put the world-size line under.")
 
