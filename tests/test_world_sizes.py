@@ -41,7 +41,7 @@ def test_the_examples_that_refuse_2_ranks_need_a_2d_mesh_or_a_divisor() -> None:
     restricted = {p.stem: declared(p).supports for p in EXAMPLE_FILES
                   if 2 not in declared(p).supports}
     assert restricted == {"plot_hsdp": (4, 8), "plot_fsdp1_migration": (4,),
-                          "plot_reshard_after_forward": (4,)}
+                          "plot_reshard_after_forward": (4,), "plot_tp_fsdp2": (4, 8)}
 
 
 def test_the_message_names_the_sizes_the_reason_and_the_command() -> None:
@@ -165,7 +165,11 @@ def test_each_page_header_line_states_the_declared_sizes() -> None:
     page = [".. only:: html\n\n    note\n\n.. _sphx_glr_auto_examples_plot_hsdp.py:\n\n"
             "HSDP: shard inside a node\n=========================\n\nText.\n"]
     _header_line(app, "auto_examples/plot_hsdp", page)
-    assert ("=========================\n\n*World sizes under torchrun: 4 and 8 ranks (HSDP needs "
-            "a 2-D mesh") in page[0]
+    assert ("=========================\n\n.. rst-class:: world-sizes\n\n*World sizes under "
+            "torchrun: 4 and 8 ranks (HSDP needs a 2-D mesh") in page[0]
+    two_blank_lines = [page_text.replace("py:\n\n", "py:\n\n\n") for page_text in (
+        ".. _sphx_glr_auto_examples_plot_hsdp.py:\n\nHSDP\n====\n",)]  # an example not run
+    _header_line(app, "auto_examples/plot_hsdp", two_blank_lines)
+    assert "====\n\n.. rst-class:: world-sizes" in two_blank_lines[0]
     with pytest.raises(ValueError, match="no title"):
         _header_line(app, "auto_examples/plot_hsdp", ["no title here\n"])
