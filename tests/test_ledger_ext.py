@@ -107,22 +107,29 @@ def test_a_contradiction_fails_the_build_naming_both_pages(ledger_ext, tmp_path,
     monkeypatch.setenv(claims.LEDGER_ENV, str(tmp_path))
     claims.Ledger("plot_a").claim("model.params", 1, "parameters")
     claims.Ledger("pages/b").claim("model.params", 1, "parameters")
-    ledger_ext._check(None, None)  # they agree
+    app = SimpleNamespace(builder=SimpleNamespace(format="text"))  # no HTML: no files, no scan
+    ledger_ext._check(app, None)  # they agree
     claims.Ledger("plot_c").claim("model.params", 2, "parameters")
-    ledger_ext._check(None, RuntimeError("the build already failed"))  # not checked then
+    ledger_ext._check(app, RuntimeError("the build already failed"))  # not checked then
     with pytest.raises(ExtensionError, match=r"(?s)contradicts itself.*'model\.params'.*"
                                              r"page '(plot_a|pages/b)' says 1.*'plot_c' says 2") as info:
-        ledger_ext._check(None, None)
+        ledger_ext._check(app, None)
     assert type(info.value) is ExtensionError
 
 
 def test_setup_registers_the_config_values_and_the_hooks(ledger_ext) -> None:
     calls = []
     app = SimpleNamespace(add_config_value=lambda *a: calls.append(("config", *a)),
+                          add_node=lambda *a: calls.append(("node", *a)),
+                          add_role=lambda *a: calls.append(("role", *a)),
                           connect=lambda *a: calls.append(("connect", *a)))
     assert ledger_ext.setup(app) == {"parallel_read_safe": False, "parallel_write_safe": True}
     assert calls == [("config", "ledger_dir", "", "env"),
                      ("config", "ledger_page", "pages/ledger", "env"),
+                     ("config", "ledger_scan", "report", ""),
+                     ("node", ledger_ext.claim_ref),
+                     ("role", "claim", ledger_ext._claim_role),
+                     ("connect", "doctree-resolved", ledger_ext._resolve_claims),
                      ("connect", "config-inited", ledger_ext._configure),
                      ("connect", "env-before-read-docs", ledger_ext._ledger_last),
                      ("connect", "env-get-outdated", ledger_ext._ledger_always_outdated),

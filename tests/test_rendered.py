@@ -136,3 +136,11 @@ def test_an_unknown_claim_name_fails_the_build_naming_page_and_name(tmp_path) ->
     out, _ = _build(tmp_path, "Also {claim}`no.such.claim`.", "off")
     assert out.returncode != 0
     assert "page 'a': claim 'no.such.claim'" in out.stdout + out.stderr
+
+
+def test_a_number_cited_by_the_claim_role_is_the_ledgers() -> None:
+    """The claim role writes the ledger's own text (class ``claim``): the scan does not ask the
+    citing page to record it again; a number beside it still must be."""
+    html = ('<article><p>a block keeps <abbr class="claim" title="x: computed">1.52</abbr>x '
+            "the estimate, on 7 layers</p></article>")
+    assert [u.number for u in rendered.scan_page("p", html, [])] == ["7"]

@@ -655,6 +655,9 @@ KEY_API = {
     "plot_checkpoint.py": "dcp.save(",
     "plot_fsdp1_migration.py": "fully_shard(",
     "plot_pitfalls.py": "fully_shard(",
+    "plot_finetune_lora.py": "fully_shard(",
+    "plot_tp_fsdp2.py": "parallelize_module(",
+    "plot_compile_fsdp2.py": ".compile(",
 }
 #: The example pages whose first code block is checked live. Switch on (the second wave, once the
 #: pages open lesson-first) with one line: ``LESSON_FIRST = tuple(KEY_API)``.

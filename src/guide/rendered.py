@@ -17,7 +17,8 @@ included.
 1. *Not read*: anything outside the page's ``<article>`` (or ``role="main"``), code cells,
    inline code literals (``code``), math, the gallery's running time and download footers,
    header links, scripts and styles: code and formulas are not claims; the world sizes an example
-   declares (``world-sizes``, written from its declaration by ``docs/world_sizes_ext.py``).
+   declares (``world-sizes``, written from its declaration by ``docs/world_sizes_ext.py``); a
+   number cited with the ``claim`` role (class ``claim``): the ledger's text, by construction.
 2. *Identifiers*: digits touching a letter or ``_`` (``fc2``, ``bf16``, ``H100``, ``70B``,
    ``sm_90``), joined to one by a hyphen (``2-D``, ``Llama-3.1-8B``, ``N−1``) or over a slash
    (``1/N``): names and formulas; a multiplier ``2x`` / ``2×`` is a number, not an identifier.
@@ -61,7 +62,7 @@ _OUTPUT_HIGHLIGHT = {"highlight-none", "highlight-myst-ansi", "highlight-text"}
 _SKIP_CLASSES = ("highlight-", "cell_input",
                  "sphx-glr-timing", "sphx-glr-footer", "sphx-glr-download", "sphx-glr-signature",
                  "headerlink", "sphx-glr-script-out-header", "world-sizes")
-_SKIP_EXACT = {"math", "literal"}
+_SKIP_EXACT = {"math", "literal", "claim"}
 _VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
          "track", "wbr"}
 _BLOCK = {"p", "div", "pre", "li", "tr", "td", "th", "h1", "h2", "h3", "h4", "h5", "h6", "br",
