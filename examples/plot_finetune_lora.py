@@ -247,7 +247,7 @@ try:
     raise checks.CheckFailed("[tied weights] a strict load of save_model's file passed.")
 except RuntimeError as exc:
     missing_error = str(exc).splitlines()[1].strip()
-checks.expect(file_meta == tied_aliases(base), "tied weights", "save_model",
+checks.expect("tied weights", "save_model", file_meta == tied_aliases(base),
               f"metadata {file_meta}, the model's ties {tied_aliases(base)}.")
 N_PARAMS = ledger.claim("finetune.params", sum(p.numel() for p in base.parameters()),
                         "parameters", model="finetune-lm")
@@ -349,10 +349,12 @@ def lora_run(rank: guide.Rank, mesh, path, exported) -> dict:
     with PeakMemory("cpu") as sharded:
         model = load_sharded(mesh, path)
     bad, compared = file_mismatches(model, path, rank)  # checked here: no garbage into training
-    checks.expect(not bad, "pretrained load", f"rank {rank.rank}",
+    checks.expect("pretrained load", f"rank {rank.rank}", not bad,
                   f"local shards unlike their rows of the file: {bad}.")
-    checks.expect(torch.equal(model.positions, sinusoids(CFG.max_seq, CFG.d_model)),
-                  "pretrained load", f"rank {rank.rank}", "the non-persistent buffer is not the "
+    checks.expect("pretrained load",
+                  f"rank {rank.rank}",
+                  torch.equal(model.positions, sinusoids(CFG.max_seq, CFG.d_model)),
+                  "the non-persistent buffer is not the "
                   "sinusoids: re-initialise it after to_empty (init_buffers).")
     out = {"naive_peak": naive.peak_bytes, "sharded_peak": sharded.peak_bytes,
            "compared": compared}
@@ -454,12 +456,13 @@ FROZEN = [tuple(p.shape) for p in SHAPED.parameters() if not p.requires_grad]
 TRAINABLE = [tuple(p.shape) for p in SHAPED.parameters() if p.requires_grad]
 N = WORLD_SIZE
 linears = [tuple(m.weight.shape) for m in SHAPED.modules() if isinstance(m, LoRALinear)]
-checks.expect(TRAINABLE == lora_shapes(linears, LORA_RANK), "adapters only", "add_lora",
+checks.expect("adapters only", "add_lora", TRAINABLE == lora_shapes(linears, LORA_RANK),
               f"trainable shapes {TRAINABLE[:4]}..., a rank-{LORA_RANK} LoRA of the block linears "
               "is (r, d_in), (d_out, r) each: is the base frozen?")
 for r, res in enumerate(LORA):
-    checks.expect(not res["frozen_with_grad"] and not res["trainable_without_grad"],
-                  "frozen stays frozen", f"rank {r}", f"frozen with a gradient: "
+    checks.expect("frozen stays frozen",
+                  f"rank {r}", not res["frozen_with_grad"] and not res["trainable_without_grad"],
+                  f"frozen with a gradient: "
                   f"{res['frozen_with_grad']}; trainable without: {res['trainable_without_grad']}.")
 comm, comm_full = LORA[0]["comm"], RESULTS[0]["full_ft"]
 rs = int(comm["reduce_scatter", "float32"]["numel"])
@@ -467,14 +470,14 @@ rs_full = int(sum(v["numel"] for (kind, _), v in comm_full.items() if kind == "r
 ag = int(sum(v["bytes"] for (kind, _), v in comm.items() if kind == "all_gather"))
 ag_full = int(sum(v["bytes"] for (kind, _), v in comm_full.items() if kind == "all_gather"))
 padded_trainable = sum(fsdp2_padded_numel(s, N) for s in TRAINABLE)
-checks.expect(rs == padded_trainable, "reduce-scatter volume", f"FSDP2 x{N}, LoRA",
+checks.expect("reduce-scatter volume", f"FSDP2 x{N}, LoRA", rs == padded_trainable,
               f"{rs:,} elements per step, the trainable ones padded are {padded_trainable:,}.")
-checks.expect(ag == ag_full, "all-gather volume", f"FSDP2 x{N}, LoRA",
+checks.expect("all-gather volume", f"FSDP2 x{N}, LoRA", ag == ag_full,
               f"{ag:,} bytes per step, full fine-tuning {ag_full:,}.")
 PRED = finetune_state_bytes(FROZEN, TRAINABLE, N, frozen_precision="fp32",
                             trainable_precision="fp32", optimizer="adamw")
 for r, res in enumerate(LORA):
-    checks.expect(res["held"] == PRED[r], "fine-tuning memory", f"rank {r}",
+    checks.expect("fine-tuning memory", f"rank {r}", res["held"] == PRED[r],
                   f"measured {res['held']}, predicted {PRED[r]}.")
 FULL_PRED = per_rank_state_bytes(FROZEN + TRAINABLE, "fsdp2", N, "fp32", "adamw",
                                  ddp_buckets=False)
@@ -528,8 +531,9 @@ print(f"\nAdam's moments of all adapters: {moments:,} bytes; rank 0 holds "
 # fp32 reference for the policy run, which computes in bf16 what that computes in fp32.
 variants = RESULTS[0]["variants"]
 error = variants["mixed_trainable"].get("error", "")
-checks.expect("FSDP expects uniform original parameter dtype" in error, "mixed trainable dtypes",
-              f"FSDP2 x{N}", f"expected torch's AssertionError, got {error or 'no error'!r}.")
+checks.expect("mixed trainable dtypes", f"FSDP2 x{N}",
+              "FSDP expects uniform original parameter dtype" in error,
+              f"expected torch's AssertionError, got {error or 'no error'!r}.")
 rows = []
 for how, res in variants.items():
     if how == "mixed_trainable":
@@ -537,8 +541,9 @@ for how, res in variants.items():
         continue
     per_rank = [r["variants"][how]["losses"] for r in RESULTS]
     v_comm, losses = res["comm"], mean_over_ranks(per_rank)
-    checks.expect(v_comm.get(("reduce_scatter", "float32"), {}).get("numel") == rs,
-                  "reduce-scatter volume", how, f"reduce-scatter {v_comm}, want {rs:,} fp32.")
+    checks.expect("reduce-scatter volume",
+                  how, v_comm.get(("reduce_scatter", "float32"), {}).get("numel") == rs,
+                  f"reduce-scatter {v_comm}, want {rs:,} fp32.")
     ref, name = (REF_LOSSES, "fp32") if how == "mp_policy" else (REF_BF16_LOSSES, "bf16 base")
     precision.assert_loss_gap_within(how, ref, losses, precision.loss_gap_bound(ref))
     gap = checks.max_abs_diff(losses, ref)
@@ -550,8 +555,9 @@ for how, res in variants.items():
                  ledger.claim(f"{key}.all_gather_bytes", ag_v, "bytes/step", **RUN),
                  ledger.claim(f"{key}.collectives", calls, "calls/step", **RUN), name,
                  ledger.claim(f"{key}.max_loss_gap", float(f"{gap:.1e}"), "nats", **RUN)])
-checks.expect(("all_gather", "uint8") in variants["one_group"]["comm"], "bytes on the wire",
-              "one_group", f"all-gathers {sorted(variants['one_group']['comm'])}.")
+checks.expect("bytes on the wire", "one_group",
+              ("all_gather", "uint8") in variants["one_group"]["comm"],
+              f"all-gathers {sorted(variants['one_group']['comm'])}.")
 print(report.table(rows, ["layout", "", "all-gather dtype", "bytes/step", "collectives/step",
                           "reference", "max |Δloss|"], formats={"max |Δloss|": ".1e"}))
 print(f"\nmixed_trainable: {error}")
@@ -580,11 +586,11 @@ print(f"Parameters held by rank 0 between steps: {at_rest['bf16']:,} bytes with 
 f1 = RESULTS[0]["fsdp1"]
 rs_f1 = int(sum(v["numel"] for (kind, _), v in f1["comm"].items() if kind == "reduce_scatter"))
 block_elements = sum(p.numel() for p in SHAPED.blocks.parameters())
-checks.expect(rs_f1 >= block_elements, "FSDP1 reduce-scatter volume", f"FSDP1 x{N}",
+checks.expect("FSDP1 reduce-scatter volume", f"FSDP1 x{N}", rs_f1 >= block_elements,
               f"{rs_f1:,} elements per step, fewer than the blocks' {block_elements:,}.")
 checks.assert_losses_match(f"FSDP1 x{N}, LoRA", REF_LOSSES,
                            mean_over_ranks([r["fsdp1"]["losses"] for r in RESULTS]))
-checks.expect("use_orig_params=False" in f1["refusal"], "FSDP1 refuses", "use_orig_params=False",
+checks.expect("FSDP1 refuses", "use_orig_params=False", "use_orig_params=False" in f1["refusal"],
               f"expected a ValueError, got {f1['refusal']!r}.")
 rs_f1 = ledger.claim("finetune.lora.fsdp1.reduce_scatter_elements", rs_f1, "elements/step",
                      **RUN)  # checked: FSDP1 reduce-scatter volume
@@ -609,15 +615,17 @@ LARGEST = max(p.numel() * 4 for p in SHAPED.parameters())  # bytes of the larges
 ADAPTER_BYTES = 4 * n_trainable
 res_mib = ledger.claim("memory.resolution_bytes", RESOLUTION_BYTES, "bytes")
 for r, res in enumerate(LORA):
-    checks.expect(res["naive_peak"] >= MODEL_BYTES - RESOLUTION_BYTES, "naive load",
-                  f"rank {r}", f"peak {res['naive_peak']:,} B, below the model it built.")
+    checks.expect("naive load", f"rank {r}",
+                  res["naive_peak"] >= MODEL_BYTES - RESOLUTION_BYTES,
+                  f"peak {res['naive_peak']:,} B, below the model it built.")
     in_flight = LARGEST + math.ceil(LARGEST / N)  # the tensor received, and the rows kept
     bound = PRED[r].params + in_flight + RESOLUTION_BYTES
     if r == 0:
-        checks.expect(res["sharded_peak"] >= MODEL_BYTES - RESOLUTION_BYTES, "broadcast load",
-                      "rank 0", f"peak {res['sharded_peak']:,} B, below the file it read.")
+        checks.expect("broadcast load", "rank 0",
+                      res["sharded_peak"] >= MODEL_BYTES - RESOLUTION_BYTES,
+                      f"peak {res['sharded_peak']:,} B, below the file it read.")
     else:
-        checks.expect(res["sharded_peak"] <= bound, "broadcast load", f"rank {r}",
+        checks.expect("broadcast load", f"rank {r}", res["sharded_peak"] <= bound,
                       f"peak {res['sharded_peak']:,} B above its shard {PRED[r].params:,} + "
                       f"one tensor in flight {in_flight:,} + {RESOLUTION_BYTES:,}.")
 MIB = 2**20
@@ -650,19 +658,20 @@ exp0 = LORA[0]["export_peak"]
 padded = max(fsdp2_padded_numel(s, N) * 4 for s in TRAINABLE + FROZEN)  # the largest, gathered
 gathering = 2 * padded + math.ceil(padded / N)  # gather buffer, unpadded copy, padded local rows
 low, high = MODEL_BYTES + ADAPTER_BYTES - RESOLUTION_BYTES, MODEL_BYTES + ADAPTER_BYTES
-checks.expect(low <= exp0 <= high + gathering + RESOLUTION_BYTES, "export memory", "rank 0",
+checks.expect("export memory", "rank 0", low <= exp0 <= high + gathering + RESOLUTION_BYTES,
               f"peak {exp0:,} B; the model and adapters are {high:,} B, one tensor in flight "
               f"{gathering:,} B.")
 for r, res in enumerate(LORA[1:], start=1):
-    checks.expect(res["export_peak"] <= gathering + RESOLUTION_BYTES, "export memory",
-                  f"rank {r}", f"peak {res['export_peak']:,} B, above one tensor in flight "
+    checks.expect("export memory", f"rank {r}",
+                  res["export_peak"] <= gathering + RESOLUTION_BYTES,
+                  f"peak {res['export_peak']:,} B, above one tensor in flight "
                   f"{gathering:,} B + {RESOLUTION_BYTES:,}.")
 plain = PretrainedLM(CFG)
 load_model(plain, EXPORTED)
 with torch.no_grad():
     out_gap = (plain(EVAL) - LORA[0]["logits"]).abs().max().item()
 OUT_TOL = 1e-4  # merged W + sBA against W x + s B A x in fp32: rounding only (logits of size ~1)
-checks.expect(out_gap <= OUT_TOL, "exported model", "load_model, 1 process",
+checks.expect("exported model", "load_model, 1 process", out_gap <= OUT_TOL,
               f"logits differ by {out_gap:.1e} > {OUT_TOL:.0e}.")
 peak0 = ledger.claim("finetune.export.rank0.peak_mib", round(exp0 / MIB, 1), "MiB",
                      **RUN)  # checked: export memory

@@ -206,7 +206,7 @@ for result in runs["sgd"]:
     mismatches += [(lay.rank, lay.name, lay.placements, lay.local_shape, want[lay.name])
                    for lay in result["layouts"]
                    if (lay.placements, lay.local_shape) != want[lay.name]]
-checks.expect(not mismatches, "2-D placements", f"({DP}, {TP}) mesh",
+checks.expect("2-D placements", f"({DP}, {TP}) mesh", not mismatches,
               f"rank, name, placements, local shape, expected: {mismatches[:3]}")
 layout0 = {lay.name: lay for lay in runs["sgd"][0]["layouts"]}
 shown = ["blocks.0.q.weight", "blocks.0.proj.weight", "blocks.0.proj.bias",
@@ -237,7 +237,7 @@ predicted = state_bytes_by_rank(list(local_shapes.values()), "fsdp2", DP, *ADAMW
                                 ddp_buckets=False)
 for r, result in enumerate(runs["adamw"]):
     got, want = result["state"], predicted[result["dp_rank"]]
-    checks.expect(got == want, "2-D memory", f"rank {r}", f"measured {got}, model {want}")
+    checks.expect("2-D memory", f"rank {r}", got == want, f"measured {got}, model {want}")
 hsdp = runs["whole_mesh"][0]["state"].model_state
 MEM = dict(SETUP, optimizer="adamw", precision="fp32")
 print(table([["one process", ledger.claim("tp-fsdp2.state.full", full, "bytes",
@@ -304,8 +304,9 @@ for r, result in enumerate(runs["sgd"]):
         checks.check_volume(f"rank {r}, {dim} group", result["by_dim"][dim], expected,
                             STEPS - 1, tol=0.0, exact_calls=("all_gather", "reduce_scatter",
                                                              "all_reduce"))
-    checks.expect(len(result["c10d"]) == len(result["by_dim"]["dp"]), "dp = FSDP2's calls",
-                  f"rank {r}", f"CollectiveLog saw {len(result['c10d'])} calls, the dp group "
+    checks.expect("dp = FSDP2's calls", f"rank {r}",
+                  len(result["c10d"]) == len(result["by_dim"]["dp"]),
+                  f"CollectiveLog saw {len(result['c10d'])} calls, the dp group "
                   f"{len(result['by_dim']['dp'])}")
 records = runs["sgd"][0]["by_dim"]
 COMM = dict(SETUP, tokens_per_rank=TOKENS)
@@ -346,12 +347,14 @@ plt.show()
 # replica dimension, every parameter ``(Replicate(), Shard(dim=0))``, and each rank holds 1/tp of
 # the model instead of about 1/(dp x tp) (section 2's table). The fix: ``mesh["dp"]``.
 whole = runs["whole_mesh"]
-checks.expect(all(r["error"] and "overlapping meshes" in r["error"] for r in whole),
-              "whole mesh after TP", "fully_shard", f"torch said {whole[0]['error']!r}")
-checks.expect({lay.placements for r in whole for lay in r["layouts"]}
-              == {"(Replicate(), Shard(dim=0))"}, "whole mesh is HSDP", "placements",
+checks.expect("whole mesh after TP",
+              "fully_shard", all(r["error"] and "overlapping meshes" in r["error"] for r in whole),
+              f"torch said {whole[0]['error']!r}")
+checks.expect("whole mesh is HSDP", "placements",
+              {lay.placements for r in whole for lay in r["layouts"]}
+              == {"(Replicate(), Shard(dim=0))"},
               "some parameter is not (Replicate(), Shard(dim=0))")
-checks.expect(hsdp > runs["adamw"][0]["state"].model_state, "whole mesh is HSDP", "memory",
+checks.expect("whole mesh is HSDP", "memory", hsdp > runs["adamw"][0]["state"].model_state,
               f"HSDP holds {hsdp} B, 2-D {runs['adamw'][0]['state'].model_state} B")
 print("torch, fully_shard(block, mesh=mesh) after TP:\n  RuntimeError: "
       + whole[0]["error"].splitlines()[0])
@@ -369,8 +372,9 @@ clip = runs["clip"]
 NORM = dict(SETUP, batch="first")
 gap = checks.expect_close("gradient norm", "full_tensor()", [r["total"] for r in clip],
                           [ref_norm] * WORLD_SIZE, 1e-5, "norm")
-checks.expect(all(abs(r["local_norm"] - ref_norm) > 100 * 1e-5 for r in clip),
-              "to_local() norm is wrong", "every rank", "a local norm equals the true one")
+checks.expect("to_local() norm is wrong",
+              "every rank", all(abs(r["local_norm"] - ref_norm) > 100 * 1e-5 for r in clip),
+              "a local norm equals the true one")
 print(table([["one process", ledger.claim("tp-fsdp2.norm.reference", round(ref_norm, 5), "L2",
                                           **NORM)],
              # checked: gradient norm
@@ -389,9 +393,10 @@ print(table([["one process", ledger.claim("tp-fsdp2.norm.reference", round(ref_n
 # norms of both: torch's message is below. ``clip_by_mesh`` (the code to copy) takes one norm per
 # mesh, combines them and clips each mesh's gradients with that total; the clipped gradients must
 # equal the single-process ``clip_grad_norm_``'s within the SGD parameter tolerance.
-checks.expect(all(r["error"] and "same mesh" in r["error"] for r in clip),
-              "clip_grad_norm_ across meshes", "torch", f"torch said {clip[0]['error']!r}")
-checks.expect(ref_norm > MAX_NORM, "clipping happens", "reference",
+checks.expect("clip_grad_norm_ across meshes",
+              "torch", all(r["error"] and "same mesh" in r["error"] for r in clip),
+              f"torch said {clip[0]['error']!r}")
+checks.expect("clipping happens", "reference", ref_norm > MAX_NORM,
               f"norm {ref_norm} <= max_norm {MAX_NORM}")
 dgrad = checks.assert_params_match("clip_by_mesh", ref_grads, clip[0]["grads"],
                                    checks.PARAM_TOL["sgd"], check="clipped gradients")
