@@ -30,7 +30,7 @@ gloo ranks and checks each claim against a single process.
 # The recipe
 # ----------
 # Plain PyTorch and ``safetensors``; the workers below call these very functions. The adapters are
-# written out (``A``, ``B`` beside each frozen ``nn.Linear``, about 30 lines) instead of taken from
+# written out (``A``, ``B`` beside each frozen ``nn.Linear``, two short classes) instead of taken from
 # ``peft``, so that what FSDP2 shards, gathers and exports is visible and the page depends on
 # nothing beyond torch and safetensors. ``LoRA`` is a module of its own so that it can be its own
 # ``fully_shard`` group; ``LoRALinear`` *is* an ``nn.Linear``, so the pretrained file's keys
@@ -156,6 +156,7 @@ def export(model: nn.Module, path) -> None:
 # one of the two names and notes the other in the file's metadata, so a strict load of the file
 # misses the alias: ``load_pretrained`` restores it from the model's own ties.
 import math
+import re
 import shutil
 import tempfile
 import warnings
@@ -531,7 +532,7 @@ loss_gap, merged_gap = (ledger.record(f"finetune.lora.max_{what}_gap", gap, unit
 counters = ledger.claim("finetune.lora.step_counters", len(TRAINABLE), "tensors", **RUN)
 report.conclusion(
     f"Adam's moments of all adapters: {moments:,} bytes; rank 0 holds {PRED[0].optimizer:,} (its "
-    f"1/{N}, plus {counters} step counters). Frozen parameters with a gradient: none. Against "
+    f"1/N, plus {counters} step counters). Frozen parameters with a gradient: none. Against "
     f"one process: max |Δloss| {loss_gap:.1e}, max |Δ merged weight| {merged_gap:.1e}.")
 
 # %%
@@ -620,7 +621,11 @@ report.show(report.table([["trainable", n_trainable], ["FSDP2", rs],
                           ["FSDP1, use_orig_params=True", rs_f1]],
                          ["", "reduce-scattered elements per step"],
                          formats={"reduce-scattered elements per step": ",.0f"}))
-print(f"\nFSDP1's warning: {f1['warning'].splitlines()[0]}")
+warning = f1["warning"].splitlines()[0]
+for i, numel in enumerate(re.findall(r"(\d+) numel", warning)):  # torch's own numbers, quoted
+    ledger.claim(f"finetune.fsdp1.warning.numel{i}", int(numel), "elements",
+                 guard="cited: torch's FSDP1 warning, this run", **RUN)
+print(f"\nFSDP1's warning: {warning}")
 print(f"use_orig_params=False: ValueError: {f1['refusal'].splitlines()[0]}")
 
 # %%
@@ -636,7 +641,7 @@ print(f"use_orig_params=False: ValueError: {f1['refusal'].splitlines()[0]}")
 # receiver's rows.
 LARGEST = max(p.numel() * 4 for p in SHAPED.parameters())  # bytes of the largest fp32 tensor
 ADAPTER_BYTES = 4 * n_trainable
-res_mib = ledger.claim("memory.resolution_bytes", RESOLUTION_BYTES, "bytes")
+res_mib = ledger.claim("memory.resolution_mib", RESOLUTION_BYTES / 2**20, "MiB", fmt=".0f")
 MIB = 2**20
 naive, broadcast = [], []
 for r, res in enumerate(LORA):
@@ -674,7 +679,7 @@ report.show(report.table(
     formats={c: ".1f" for c in ("naive: every rank loads the file", "rank 0 loads, broadcasts",
                                 "the rank's shard")},
     title=f"Peak resident memory during the load (MiB); the model is {model_mib:.1f} MiB, "
-          f"resolution {res_mib / MIB:.0f} MiB"))
+          f"resolution {res_mib:.0f} MiB"))
 
 # %%
 # One file out
