@@ -30,8 +30,8 @@ gloo ranks and checks each claim against a single process.
 # The recipe
 # ----------
 # Plain PyTorch and ``safetensors``; the workers below call these very functions. The adapters are
-# written out (``A``, ``B`` beside each frozen ``nn.Linear``, two short classes) instead of taken from
-# ``peft``, so that what FSDP2 shards, gathers and exports is visible and the page depends on
+# written out (``A``, ``B`` beside each frozen ``nn.Linear``, two short classes) instead of taken
+# from ``peft``, so that what FSDP2 shards, gathers and exports is visible and the page depends on
 # nothing beyond torch and safetensors. ``LoRA`` is a module of its own so that it can be its own
 # ``fully_shard`` group; ``LoRALinear`` *is* an ``nn.Linear``, so the pretrained file's keys
 # (``blocks.0.fc1.weight``) still name its weights.
