@@ -3,14 +3,21 @@ Fine-tuning with FSDP2: LoRA, a pretrained load, one file out
 =============================================================
 
 .. admonition:: Verdict
+   :class: tip
 
-   Freeze the base, put LoRA adapters beside its linears and ``fully_shard`` the blocks: only the
-   adapters are reduce-scattered and only their Adam moments are held, 1/N per rank (FSDP1 with
-   ``use_orig_params=True`` reduce-scatters the frozen weights too). A bf16 base with fp32 adapters
-   works: put the adapters in their own ``fully_shard`` groups. Load the pretrained file on rank 0
-   only and send each rank its rows with ``set_model_state_dict(..., full_state_dict=True,
-   broadcast_from_rank0=True)``; export with ``get_model_state_dict(..., full_state_dict=True,
-   cpu_offload=True)``, merged, from rank 0. Measured below.
+   Freeze the base, put LoRA adapters beside its linears and ``fully_shard`` the blocks: a step
+   reduce-scatters only the adapters, :claim:`finetune.lora.fsdp2.reduce_scatter_elements`
+   elements here against FSDP1's :claim:`finetune.lora.fsdp1.reduce_scatter_elements`
+   (``use_orig_params=True``), and each rank holds 1/N of their Adam moments. With a bf16 base and
+   fp32 adapters, put the adapters in their own ``fully_shard`` groups. Load the pretrained file on
+   rank 0 only and broadcast (``set_model_state_dict(..., full_state_dict=True,
+   broadcast_from_rank0=True)``): rank 1 peaked at :claim:`finetune.load.broadcast.rank1.peak_mib`
+   MiB instead of :claim:`finetune.load.naive.rank1.peak_mib` MiB; export merged from rank 0 with
+   ``cpu_offload=True`` (its peak: :claim:`finetune.export.rank0.peak_mib` MiB for a
+   :claim:`finetune.model_mib` MiB model).
+
+Measured on CPU gloo processes (a small model, two shared cores); nothing on this page is
+predicted for GPUs.
 
 Most FSDP2 questions in the trackers are about fine-tuning a pretrained model, not pre-training
 one: what LoRA with frozen weights communicates and holds, which mixes of dtypes ``fully_shard``
@@ -23,8 +30,8 @@ gloo ranks and checks each claim against a single process.
 # The recipe
 # ----------
 # Plain PyTorch and ``safetensors``; the workers below call these very functions. The adapters are
-# written out (``A``, ``B`` beside each frozen ``nn.Linear``, about 30 lines) instead of taken from
-# ``peft``, so that what FSDP2 shards, gathers and exports is visible and the page depends on
+# written out (``A``, ``B`` beside each frozen ``nn.Linear``, two short classes) instead of taken
+# from ``peft``, so that what FSDP2 shards, gathers and exports is visible and the page depends on
 # nothing beyond torch and safetensors. ``LoRA`` is a module of its own so that it can be its own
 # ``fully_shard`` group; ``LoRALinear`` *is* an ``nn.Linear``, so the pretrained file's keys
 # (``blocks.0.fc1.weight``) still name its weights.
@@ -149,6 +156,7 @@ def export(model: nn.Module, path) -> None:
 # one of the two names and notes the other in the file's metadata, so a strict load of the file
 # misses the alias: ``load_pretrained`` restores it from the model's own ties.
 import math
+import re
 import shutil
 import tempfile
 import warnings
@@ -247,7 +255,7 @@ try:
     raise checks.CheckFailed("[tied weights] a strict load of save_model's file passed.")
 except RuntimeError as exc:
     missing_error = str(exc).splitlines()[1].strip()
-checks.expect(file_meta == tied_aliases(base), "tied weights", "save_model",
+checks.expect("tied weights", "save_model", file_meta == tied_aliases(base),
               f"metadata {file_meta}, the model's ties {tied_aliases(base)}.")
 N_PARAMS = ledger.claim("finetune.params", sum(p.numel() for p in base.parameters()),
                         "parameters", model="finetune-lm")
@@ -349,10 +357,12 @@ def lora_run(rank: guide.Rank, mesh, path, exported) -> dict:
     with PeakMemory("cpu") as sharded:
         model = load_sharded(mesh, path)
     bad, compared = file_mismatches(model, path, rank)  # checked here: no garbage into training
-    checks.expect(not bad, "pretrained load", f"rank {rank.rank}",
+    checks.expect("pretrained load", f"rank {rank.rank}", not bad,
                   f"local shards unlike their rows of the file: {bad}.")
-    checks.expect(torch.equal(model.positions, sinusoids(CFG.max_seq, CFG.d_model)),
-                  "pretrained load", f"rank {rank.rank}", "the non-persistent buffer is not the "
+    checks.expect("pretrained load",
+                  f"rank {rank.rank}",
+                  torch.equal(model.positions, sinusoids(CFG.max_seq, CFG.d_model)),
+                  "the non-persistent buffer is not the "
                   "sinusoids: re-initialise it after to_empty (init_buffers).")
     out = {"naive_peak": naive.peak_bytes, "sharded_peak": sharded.peak_bytes,
            "compared": compared}
@@ -454,12 +464,13 @@ FROZEN = [tuple(p.shape) for p in SHAPED.parameters() if not p.requires_grad]
 TRAINABLE = [tuple(p.shape) for p in SHAPED.parameters() if p.requires_grad]
 N = WORLD_SIZE
 linears = [tuple(m.weight.shape) for m in SHAPED.modules() if isinstance(m, LoRALinear)]
-checks.expect(TRAINABLE == lora_shapes(linears, LORA_RANK), "adapters only", "add_lora",
+checks.expect("adapters only", "add_lora", TRAINABLE == lora_shapes(linears, LORA_RANK),
               f"trainable shapes {TRAINABLE[:4]}..., a rank-{LORA_RANK} LoRA of the block linears "
               "is (r, d_in), (d_out, r) each: is the base frozen?")
 for r, res in enumerate(LORA):
-    checks.expect(not res["frozen_with_grad"] and not res["trainable_without_grad"],
-                  "frozen stays frozen", f"rank {r}", f"frozen with a gradient: "
+    checks.expect("frozen stays frozen",
+                  f"rank {r}", not res["frozen_with_grad"] and not res["trainable_without_grad"],
+                  f"frozen with a gradient: "
                   f"{res['frozen_with_grad']}; trainable without: {res['trainable_without_grad']}.")
 comm, comm_full = LORA[0]["comm"], RESULTS[0]["full_ft"]
 rs = int(comm["reduce_scatter", "float32"]["numel"])
@@ -467,14 +478,14 @@ rs_full = int(sum(v["numel"] for (kind, _), v in comm_full.items() if kind == "r
 ag = int(sum(v["bytes"] for (kind, _), v in comm.items() if kind == "all_gather"))
 ag_full = int(sum(v["bytes"] for (kind, _), v in comm_full.items() if kind == "all_gather"))
 padded_trainable = sum(fsdp2_padded_numel(s, N) for s in TRAINABLE)
-checks.expect(rs == padded_trainable, "reduce-scatter volume", f"FSDP2 x{N}, LoRA",
+checks.expect("reduce-scatter volume", f"FSDP2 x{N}, LoRA", rs == padded_trainable,
               f"{rs:,} elements per step, the trainable ones padded are {padded_trainable:,}.")
-checks.expect(ag == ag_full, "all-gather volume", f"FSDP2 x{N}, LoRA",
+checks.expect("all-gather volume", f"FSDP2 x{N}, LoRA", ag == ag_full,
               f"{ag:,} bytes per step, full fine-tuning {ag_full:,}.")
 PRED = finetune_state_bytes(FROZEN, TRAINABLE, N, frozen_precision="fp32",
                             trainable_precision="fp32", optimizer="adamw")
 for r, res in enumerate(LORA):
-    checks.expect(res["held"] == PRED[r], "fine-tuning memory", f"rank {r}",
+    checks.expect("fine-tuning memory", f"rank {r}", res["held"] == PRED[r],
                   f"measured {res['held']}, predicted {PRED[r]}.")
 FULL_PRED = per_rank_state_bytes(FROZEN + TRAINABLE, "fsdp2", N, "fp32", "adamw",
                                  ddp_buckets=False)
@@ -485,34 +496,44 @@ MERGED_GAP = checks.assert_params_match("exported merged weights", REF_MERGED, E
                                         checks.PARAM_TOL["adamw"], check="merged weights")
 n_trainable = ledger.claim("finetune.lora.trainable_params", sum(map(math.prod, TRAINABLE)),
                            "parameters", model="finetune-lm", lora_rank=LORA_RANK)
+RS_RUN = f"FSDP2 x{N}, LoRA"
 rows = [["trainable parameters", n_trainable, N_PARAMS + n_trainable],
-        # checked: reduce-scatter volume
         ["reduce-scattered elements per step",
-         ledger.claim("finetune.lora.fsdp2.reduce_scatter_elements", rs, "elements/step", **RUN),
+         ledger.record("finetune.lora.fsdp2.reduce_scatter_elements", checks.expect_close(
+             "reduce-scatter volume", RS_RUN, rs, padded_trainable, 0, "elements",
+             unit="elements/step", against="the trainable elements, padded"), fmt=",.0f",
+             **RUN),
          ledger.claim("finetune.full.fsdp2.reduce_scatter_elements", rs_full, "elements/step",
                       **RUN)],
-        # checked: all-gather volume
         ["all-gathered bytes per step",
-         ledger.claim("finetune.lora.fsdp2.all_gather_bytes", ag, "bytes/step", **RUN),
+         ledger.record("finetune.lora.fsdp2.all_gather_bytes", checks.expect_close(
+             "all-gather volume", RS_RUN, ag, ag_full, 0, "bytes", unit="bytes/step",
+             against="full fine-tuning's all-gathered bytes"), fmt=",.0f", **RUN),
          ledger.claim("finetune.full.fsdp2.all_gather_bytes", ag_full, "bytes/step", **RUN)]]
-for part in ("params", "grads", "optimizer"):  # checked: fine-tuning memory (the LoRA column)
+for part in ("params", "grads", "optimizer"):  # LoRA: measured on rank 0 = predicted
     rows.append([f"{part} bytes on rank 0",
-                 ledger.claim(f"finetune.lora.rank0.{part}_bytes", getattr(PRED[0], part),
-                              "bytes", optimizer="adamw", **RUN),
+                 ledger.record(f"finetune.lora.rank0.{part}_bytes", checks.expect_close(
+                     "fine-tuning memory", "rank 0", getattr(LORA[0]["held"], part),
+                     getattr(PRED[0], part), 0, part, unit="bytes",
+                     against="finetune_state_bytes"), fmt=",.0f", optimizer="adamw", **RUN),
                  ledger.claim(f"finetune.full.rank0.{part}_bytes", getattr(FULL_PRED, part),
                               "bytes", optimizer="adamw", **RUN)])
-print(report.table(rows, ["", f"LoRA, FSDP2 x{N}", "full fine-tuning"],
-                   title="Measured (full fine-tuning's memory: predicted); AdamW, fp32"))
+# Each cell is a named claim (a check's value, or computed for full fine-tuning), so the table
+# itself records nothing more.
+report.show(report.table(rows, ["", f"LoRA, FSDP2 x{N}", "full fine-tuning"],
+                         formats={f"LoRA, FSDP2 x{N}": ",.0f", "full fine-tuning": ",.0f"},
+                         title="Measured (full fine-tuning's memory: predicted); AdamW, fp32"))
 moments = ledger.claim("finetune.lora.adam_moments_bytes", 2 * 4 * n_trainable, "bytes",
                        model="finetune-lm", lora_rank=LORA_RANK)
-loss_gap, merged_gap = (ledger.claim(f"finetune.lora.max_{what}_gap", float(f"{gap:.1e}"),
-                                     unit, **RUN)  # checked: loss equivalence, merged weights
+loss_gap, merged_gap = (ledger.record(f"finetune.lora.max_{what}_gap", gap, unit, fmt=".1e",
+                                      **RUN)
                         for what, gap, unit in (("loss", LOSS_GAP, "nats"),
                                                 ("merged_weight", MERGED_GAP, "absolute")))
-print(f"\nAdam's moments of all adapters: {moments:,} bytes; rank 0 holds "
-      f"{PRED[0].optimizer:,} (its 1/{N}, plus {len(TRAINABLE)} step counters). Frozen "
-      f"parameters with a gradient: none. Against one process: max |Δloss| {loss_gap:.1e}, "
-      f"max |Δ merged weight| {merged_gap:.1e}.")
+counters = ledger.claim("finetune.lora.step_counters", len(TRAINABLE), "tensors", **RUN)
+report.conclusion(
+    f"Adam's moments of all adapters: {moments:,} bytes; rank 0 holds {PRED[0].optimizer:,} (its "
+    f"1/N, plus {counters} step counters). Frozen parameters with a gradient: none. Against "
+    f"one process: max |Δloss| {loss_gap:.1e}, max |Δ merged weight| {merged_gap:.1e}.")
 
 # %%
 # Mixed dtypes, as torch 2.13 behaves
@@ -528,8 +549,9 @@ print(f"\nAdam's moments of all adapters: {moments:,} bytes; rank 0 holds "
 # fp32 reference for the policy run, which computes in bf16 what that computes in fp32.
 variants = RESULTS[0]["variants"]
 error = variants["mixed_trainable"].get("error", "")
-checks.expect("FSDP expects uniform original parameter dtype" in error, "mixed trainable dtypes",
-              f"FSDP2 x{N}", f"expected torch's AssertionError, got {error or 'no error'!r}.")
+checks.expect("mixed trainable dtypes", f"FSDP2 x{N}",
+              "FSDP expects uniform original parameter dtype" in error,
+              f"expected torch's AssertionError, got {error or 'no error'!r}.")
 rows = []
 for how, res in variants.items():
     if how == "mixed_trainable":
@@ -537,23 +559,28 @@ for how, res in variants.items():
         continue
     per_rank = [r["variants"][how]["losses"] for r in RESULTS]
     v_comm, losses = res["comm"], mean_over_ranks(per_rank)
-    checks.expect(v_comm.get(("reduce_scatter", "float32"), {}).get("numel") == rs,
-                  "reduce-scatter volume", how, f"reduce-scatter {v_comm}, want {rs:,} fp32.")
+    checks.expect("reduce-scatter volume",
+                  how, v_comm.get(("reduce_scatter", "float32"), {}).get("numel") == rs,
+                  f"reduce-scatter {v_comm}, want {rs:,} fp32.")
     ref, name = (REF_LOSSES, "fp32") if how == "mp_policy" else (REF_BF16_LOSSES, "bf16 base")
-    precision.assert_loss_gap_within(how, ref, losses, precision.loss_gap_bound(ref))
-    gap = checks.max_abs_diff(losses, ref)
+    bounds = precision.loss_gap_bound(ref)
+    precision.assert_loss_gap_within(how, ref, losses, bounds)
+    gap = checks.expect_close("loss gap", how, losses, ref, max(bounds), "loss", unit="nats",
+                              against=f"one process, {name}, within one bf16 rounding")
     wire = sorted({dtype for kind, dtype in v_comm if kind == "all_gather"})
     ag_v = int(sum(v["bytes"] for (kind, _), v in v_comm.items() if kind == "all_gather"))
     calls = int(sum(v["calls"] for v in v_comm.values()))
-    key = f"finetune.dtypes.{how}"  # checked: loss equivalence / loss gap
+    key = f"finetune.dtypes.{how}"
     rows.append([how, "trains", "+".join(wire),
                  ledger.claim(f"{key}.all_gather_bytes", ag_v, "bytes/step", **RUN),
                  ledger.claim(f"{key}.collectives", calls, "calls/step", **RUN), name,
-                 ledger.claim(f"{key}.max_loss_gap", float(f"{gap:.1e}"), "nats", **RUN)])
-checks.expect(("all_gather", "uint8") in variants["one_group"]["comm"], "bytes on the wire",
-              "one_group", f"all-gathers {sorted(variants['one_group']['comm'])}.")
-print(report.table(rows, ["layout", "", "all-gather dtype", "bytes/step", "collectives/step",
-                          "reference", "max |Δloss|"], formats={"max |Δloss|": ".1e"}))
+                 ledger.record(f"{key}.max_loss_gap", gap, "nats", fmt=".1e", **RUN)])
+checks.expect("bytes on the wire", "one_group",
+              ("all_gather", "uint8") in variants["one_group"]["comm"],
+              f"all-gathers {sorted(variants['one_group']['comm'])}.")
+report.show(report.table(rows, ["layout", "", "all-gather dtype", "bytes/step",
+                                "collectives/step", "reference", "max |Δloss|"],
+                         formats={"max |Δloss|": ".1e"}))
 print(f"\nmixed_trainable: {error}")
 at_rest = {p: ledger.claim(f"finetune.dtypes.{name}.rank0.params_bytes",
                            finetune_state_bytes(FROZEN, TRAINABLE, N, frozen_precision=p,
@@ -580,18 +607,25 @@ print(f"Parameters held by rank 0 between steps: {at_rest['bf16']:,} bytes with 
 f1 = RESULTS[0]["fsdp1"]
 rs_f1 = int(sum(v["numel"] for (kind, _), v in f1["comm"].items() if kind == "reduce_scatter"))
 block_elements = sum(p.numel() for p in SHAPED.blocks.parameters())
-checks.expect(rs_f1 >= block_elements, "FSDP1 reduce-scatter volume", f"FSDP1 x{N}",
+checks.expect("FSDP1 reduce-scatter volume", f"FSDP1 x{N}", rs_f1 >= block_elements,
               f"{rs_f1:,} elements per step, fewer than the blocks' {block_elements:,}.")
 checks.assert_losses_match(f"FSDP1 x{N}, LoRA", REF_LOSSES,
                            mean_over_ranks([r["fsdp1"]["losses"] for r in RESULTS]))
-checks.expect("use_orig_params=False" in f1["refusal"], "FSDP1 refuses", "use_orig_params=False",
+checks.expect("FSDP1 refuses", "use_orig_params=False", "use_orig_params=False" in f1["refusal"],
               f"expected a ValueError, got {f1['refusal']!r}.")
-rs_f1 = ledger.claim("finetune.lora.fsdp1.reduce_scatter_elements", rs_f1, "elements/step",
-                     **RUN)  # checked: FSDP1 reduce-scatter volume
-print(report.table([["trainable", n_trainable], ["FSDP2", rs], ["FSDP1, use_orig_params=True",
-                                                                 rs_f1]],
-                   ["", "reduce-scattered elements per step"]))
-print(f"\nFSDP1's warning: {f1['warning'].splitlines()[0]}")
+rs_f1 = ledger.record("finetune.lora.fsdp1.reduce_scatter_elements", checks.expect_order(
+    "FSDP1 reduce-scatter volume", f"FSDP1 x{N}", block_elements, rs_f1, strict=False,
+    low_name="the blocks' elements", high_name="FSDP1's reduce-scattered elements",
+    unit="elements/step", keep="high"), fmt=",.0f", **RUN)
+report.show(report.table([["trainable", n_trainable], ["FSDP2", rs],
+                          ["FSDP1, use_orig_params=True", rs_f1]],
+                         ["", "reduce-scattered elements per step"],
+                         formats={"reduce-scattered elements per step": ",.0f"}))
+warning = f1["warning"].splitlines()[0]
+for i, numel in enumerate(re.findall(r"(\d+) numel", warning)):  # torch's own numbers, quoted
+    ledger.claim(f"finetune.fsdp1.warning.numel{i}", int(numel), "elements",
+                 guard="cited: torch's FSDP1 warning, this run", **RUN)
+print(f"\nFSDP1's warning: {warning}")
 print(f"use_orig_params=False: ValueError: {f1['refusal'].splitlines()[0]}")
 
 # %%
@@ -607,34 +641,45 @@ print(f"use_orig_params=False: ValueError: {f1['refusal'].splitlines()[0]}")
 # receiver's rows.
 LARGEST = max(p.numel() * 4 for p in SHAPED.parameters())  # bytes of the largest fp32 tensor
 ADAPTER_BYTES = 4 * n_trainable
-res_mib = ledger.claim("memory.resolution_bytes", RESOLUTION_BYTES, "bytes")
+res_mib = ledger.claim("memory.resolution_mib", RESOLUTION_BYTES / 2**20, "MiB", fmt=".0f")
+MIB = 2**20
+naive, broadcast = [], []
 for r, res in enumerate(LORA):
-    checks.expect(res["naive_peak"] >= MODEL_BYTES - RESOLUTION_BYTES, "naive load",
-                  f"rank {r}", f"peak {res['naive_peak']:,} B, below the model it built.")
+    naive.append(checks.expect_order(
+        "naive load", f"rank {r}", MODEL_BYTES - RESOLUTION_BYTES, res["naive_peak"],
+        strict=False, low_name="the model less the resolution", high_name="the naive peak",
+        unit="bytes", keep="high").scaled(1 / MIB, "MiB"))
     in_flight = LARGEST + math.ceil(LARGEST / N)  # the tensor received, and the rows kept
     bound = PRED[r].params + in_flight + RESOLUTION_BYTES
-    if r == 0:
-        checks.expect(res["sharded_peak"] >= MODEL_BYTES - RESOLUTION_BYTES, "broadcast load",
-                      "rank 0", f"peak {res['sharded_peak']:,} B, below the file it read.")
+    if r == 0:  # rank 0 reads the whole file
+        peak = checks.expect_order(
+            "broadcast load", "rank 0", MODEL_BYTES - RESOLUTION_BYTES, res["sharded_peak"],
+            strict=False, low_name="the file less the resolution",
+            high_name="rank 0's peak", unit="bytes", keep="high")
     else:
-        checks.expect(res["sharded_peak"] <= bound, "broadcast load", f"rank {r}",
-                      f"peak {res['sharded_peak']:,} B above its shard {PRED[r].params:,} + "
-                      f"one tensor in flight {in_flight:,} + {RESOLUTION_BYTES:,}.")
-MIB = 2**20
+        peak = checks.expect_order(
+            "broadcast load", f"rank {r}", res["sharded_peak"], bound, strict=False,
+            low_name=f"rank {r}'s peak", high_name="its shard + one tensor in flight",
+            unit="bytes")
+    broadcast.append(peak.scaled(1 / MIB, "MiB"))
+# Computed: each rank compared its shards with the file bitwise before training (above).
 compared = ledger.claim("finetune.load.tensors_equal_to_file", LORA[0]["compared"], "tensors",
-                        **RUN)  # checked: pretrained load (in each rank, bitwise)
+                        **RUN)
 print(f"Each rank's shards of the {compared} pretrained tensors equal their rows of the file, "
       "bit for bit; the buffer is re-initialised.")
 rows = [[f"rank {r}",
-         ledger.claim(f"finetune.load.naive.rank{r}.peak_mib", round(res["naive_peak"] / MIB, 1),
-                      "MiB", **RUN),  # checked: naive load
-         ledger.claim(f"finetune.load.broadcast.rank{r}.peak_mib",
-                      round(res["sharded_peak"] / MIB, 1), "MiB", **RUN),  # checked: broadcast load
-         round(PRED[r].params / MIB, 1)] for r, res in enumerate(LORA)]
-print(report.table(rows, ["", "naive: every rank loads the file", "rank 0 loads, broadcasts",
-                          "the rank's shard"],
-                   title=f"Peak resident memory during the load (MiB); the model is "
-                         f"{MODEL_BYTES / MIB:.1f} MiB, resolution {res_mib / MIB:.0f} MiB"))
+         ledger.record(f"finetune.load.naive.rank{r}.peak_mib", naive[r], fmt=".1f", **RUN),
+         ledger.record(f"finetune.load.broadcast.rank{r}.peak_mib", broadcast[r], fmt=".1f",
+                       **RUN),
+         ledger.claim(f"finetune.load.rank{r}.shard_mib", PRED[r].params / MIB, "MiB",
+                      fmt=".1f", **RUN)] for r in range(len(LORA))]
+model_mib = ledger.claim("finetune.model_mib", MODEL_BYTES / MIB, "MiB", fmt=".1f", **RUN)
+report.show(report.table(
+    rows, ["", "naive: every rank loads the file", "rank 0 loads, broadcasts", "the rank's shard"],
+    formats={c: ".1f" for c in ("naive: every rank loads the file", "rank 0 loads, broadcasts",
+                                "the rank's shard")},
+    title=f"Peak resident memory during the load (MiB); the model is {model_mib:.1f} MiB, "
+          f"resolution {res_mib:.0f} MiB"))
 
 # %%
 # One file out
@@ -650,30 +695,35 @@ exp0 = LORA[0]["export_peak"]
 padded = max(fsdp2_padded_numel(s, N) * 4 for s in TRAINABLE + FROZEN)  # the largest, gathered
 gathering = 2 * padded + math.ceil(padded / N)  # gather buffer, unpadded copy, padded local rows
 low, high = MODEL_BYTES + ADAPTER_BYTES - RESOLUTION_BYTES, MODEL_BYTES + ADAPTER_BYTES
-checks.expect(low <= exp0 <= high + gathering + RESOLUTION_BYTES, "export memory", "rank 0",
+checks.expect("export memory", "rank 0", low <= exp0 <= high + gathering + RESOLUTION_BYTES,
               f"peak {exp0:,} B; the model and adapters are {high:,} B, one tensor in flight "
               f"{gathering:,} B.")
 for r, res in enumerate(LORA[1:], start=1):
-    checks.expect(res["export_peak"] <= gathering + RESOLUTION_BYTES, "export memory",
-                  f"rank {r}", f"peak {res['export_peak']:,} B, above one tensor in flight "
+    checks.expect("export memory", f"rank {r}",
+                  res["export_peak"] <= gathering + RESOLUTION_BYTES,
+                  f"peak {res['export_peak']:,} B, above one tensor in flight "
                   f"{gathering:,} B + {RESOLUTION_BYTES:,}.")
 plain = PretrainedLM(CFG)
 load_model(plain, EXPORTED)
 with torch.no_grad():
     out_gap = (plain(EVAL) - LORA[0]["logits"]).abs().max().item()
 OUT_TOL = 1e-4  # merged W + sBA against W x + s B A x in fp32: rounding only (logits of size ~1)
-checks.expect(out_gap <= OUT_TOL, "exported model", "load_model, 1 process",
-              f"logits differ by {out_gap:.1e} > {OUT_TOL:.0e}.")
-peak0 = ledger.claim("finetune.export.rank0.peak_mib", round(exp0 / MIB, 1), "MiB",
-                     **RUN)  # checked: export memory
-peak_other = ledger.claim("finetune.export.others.max_peak_mib",
-                          round(max([r["export_peak"] for r in LORA[1:]], default=0) / MIB, 1),
-                          "MiB", **RUN)  # checked: export memory
-out_gap = ledger.claim("finetune.export.max_logit_gap", float(f"{out_gap:.1e}"), "absolute",
-                       **RUN)  # checked: exported model
-print(f"Export: rank 0 peaked at {peak0} MiB for a {MODEL_BYTES / MIB:.1f} MiB model, the others "
-      f"at {peak_other} MiB at most; the file {EXPORTED.stat().st_size:,} bytes. One process "
-      f"loaded it: max |Δlogit| {out_gap:.1e} against the sharded model.")
+out_gap = checks.expect_close("exported model", "load_model, 1 process", out_gap, 0.0, OUT_TOL,
+                              "logits", unit="absolute", against="the sharded, unmerged model")
+peak0 = ledger.record("finetune.export.rank0.peak_mib", checks.expect_order(
+    "export memory", "rank 0", exp0, high + gathering + RESOLUTION_BYTES, strict=False,
+    low_name="rank 0's export peak", high_name="model + adapters + one tensor in flight",
+    unit="bytes").scaled(1 / MIB, "MiB"), fmt=".1f", **RUN)
+peak_other = ledger.record("finetune.export.others.max_peak_mib", checks.expect_order(
+    "export memory", "other ranks", max([r["export_peak"] for r in LORA[1:]], default=0),
+    gathering + RESOLUTION_BYTES, strict=False, low_name="the others' export peak",
+    high_name="one tensor in flight", unit="bytes").scaled(1 / MIB, "MiB"), fmt=".1f", **RUN)
+out_gap = ledger.record("finetune.export.max_logit_gap", out_gap, "absolute", fmt=".1e", **RUN)
+file_bytes = ledger.claim("finetune.export.file_bytes", EXPORTED.stat().st_size, "bytes", **RUN)
+report.conclusion(
+    f"Export: rank 0 peaked at {peak0:.1f} MiB for a {model_mib:.1f} MiB model, the others at "
+    f"{peak_other:.1f} MiB at most; the file {file_bytes:,} bytes. One process loaded it: max "
+    f"|Δlogit| {out_gap:.1e} against the sharded model.")
 
 # %%
 # The two numbers to remember

@@ -2,14 +2,20 @@
 Tensor parallel + FSDP2 on a 2-D mesh
 =====================================
 
-.. tip::
+.. admonition:: Verdict
+   :class: tip
 
-   Add tensor parallelism (TP) only when FSDP2 alone runs out of batch: when one sequence per GPU
-   is already too many activations, or there are more GPUs than sequences in the global batch. Keep
-   TP inside a node (its activation all-reduces run every layer), pass ``mesh["tp"]`` to
-   ``parallelize_module`` and ``mesh["dp"]``, never the whole mesh, to ``fully_shard``, and clip
-   gradients per mesh: ``clip_grad_norm_`` fails on a model whose norms and embeddings are outside
-   the TP plan.
+   Add tensor parallelism (TP) inside a node only when FSDP2 alone runs out of batch or of
+   activation memory: estimated for llama-3-70b at 8,192 tokens, TP 8 cuts activations per GPU
+   from :claim:`tp-fsdp2.estimate.llama-3-70b.tp1.activations_gib` to
+   :claim:`tp-fsdp2.estimate.llama-3-70b.tp8.activations_gib` GiB for
+   :claim:`tp-fsdp2.estimate.llama-3-70b.tp8.tp_all_reduce_mib` MiB of all-reduce per layer.
+   Pass ``mesh["dp"]`` to ``fully_shard``: rank 0 then holds
+   :claim:`tp-fsdp2.state.rank0.of_one_process` of the model state, the whole mesh (HSDP)
+   :claim:`tp-fsdp2.state.whole_mesh.of_one_process`. Clip per mesh (section 5).
+
+Measured on CPU gloo processes (tiny models, two shared cores); the GPU numbers of section 6 are
+predicted and labelled so.
 
 Each block's attention and MLP are split over the ``"tp"`` dimension of a ``(dp, tp)`` mesh
 (``ColwiseParallel`` then ``RowwiseParallel``, Megatron-style) and FSDP2 shards what each TP rank
@@ -82,14 +88,13 @@ def train_step(model, opt, tokens: torch.Tensor) -> float:
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, plotting
+from guide import checks, claims, plotting, report
 from guide.comm import CollectiveLog, ring_bytes
 from guide.comm.tp import MeshLog, tp_fsdp2_step, tp_fsdp_estimate, tp_step
 from guide.data import synthetic_batches
 from guide.layout import full_state, param_layouts
 from guide.memory import PRESETS, GiB, measure, state_bytes_by_rank
 from guide.model import ModelConfig
-from guide.report import table
 from guide.tensor_parallel import build_tp_model, expected_layout, plan_kinds, tp_local_shapes
 from guide.training import make_optimizer, mean_over_ranks
 
@@ -206,21 +211,22 @@ for result in runs["sgd"]:
     mismatches += [(lay.rank, lay.name, lay.placements, lay.local_shape, want[lay.name])
                    for lay in result["layouts"]
                    if (lay.placements, lay.local_shape) != want[lay.name]]
-checks.expect(not mismatches, "2-D placements", f"({DP}, {TP}) mesh",
+checks.expect("2-D placements", f"({DP}, {TP}) mesh", not mismatches,
               f"rank, name, placements, local shape, expected: {mismatches[:3]}")
 layout0 = {lay.name: lay for lay in runs["sgd"][0]["layouts"]}
 shown = ["blocks.0.q.weight", "blocks.0.proj.weight", "blocks.0.proj.bias",
          "blocks.0.fc1.bias", "blocks.0.ln1.weight", "tok_emb.weight"]
 LAYOUT = dict(SETUP, rank=0)
-print(table([[n, str(layout0[n].global_shape),
-              # checked: 2-D placements
-              ledger.claim(f"tp-fsdp2.layout.{n}.placements", layout0[n].placements,
-                           "placements", **LAYOUT),
-              # checked: 2-D placements
-              ledger.claim(f"tp-fsdp2.layout.{n}.local_shape", str(layout0[n].local_shape),
-                           "shape", **LAYOUT)] for n in shown],
-            ["parameter", "global", "placements (dp, tp)", "rank 0 local"],
-            title=f"{N_PARAMS:,} parameters on a ({DP}, {TP}) mesh: every rank as predicted"))
+# Placements and shapes are text, not numbers: the "2-D placements" check above compared every
+# rank's with expected_layout's; the ledger states them as computed.
+report.show(report.table(
+    [[n, str(layout0[n].global_shape),
+      ledger.claim(f"tp-fsdp2.layout.{n}.placements", layout0[n].placements, "placements",
+                   **LAYOUT),
+      ledger.claim(f"tp-fsdp2.layout.{n}.local_shape", str(layout0[n].local_shape), "shape",
+                   **LAYOUT)] for n in shown],
+    ["parameter", "global", "placements (dp, tp)", "rank 0 local"],
+    title=f"{N_PARAMS:,} parameters on a ({DP}, {TP}) mesh: every rank as predicted"))
 
 # %%
 # 2. Memory: the TP shard, sharded again
@@ -237,28 +243,31 @@ predicted = state_bytes_by_rank(list(local_shapes.values()), "fsdp2", DP, *ADAMW
                                 ddp_buckets=False)
 for r, result in enumerate(runs["adamw"]):
     got, want = result["state"], predicted[result["dp_rank"]]
-    checks.expect(got == want, "2-D memory", f"rank {r}", f"measured {got}, model {want}")
-hsdp = runs["whole_mesh"][0]["state"].model_state
+    checks.expect("2-D memory", f"rank {r}", got == want, f"measured {got}, model {want}")
 MEM = dict(SETUP, optimizer="adamw", precision="fp32")
-print(table([["one process", ledger.claim("tp-fsdp2.state.full", full, "bytes",
-                                          **MEM), 1.0],
-             [f"TP {TP} x FSDP2 {DP}, rank 0",
-              # checked: 2-D memory
-              ledger.claim("tp-fsdp2.state.rank0", runs["adamw"][0]["state"].model_state,
-                           "bytes", **MEM),
-              # checked: 2-D memory
-              ledger.claim("tp-fsdp2.state.rank0_fraction",
-                           round(runs["adamw"][0]["state"].model_state / full, 3),
-                           "fraction", **MEM)],
-             ["whole mesh to fully_shard (HSDP), rank 0",
-              # checked: whole mesh is HSDP
-              ledger.claim("tp-fsdp2.pitfall.whole_mesh.state.rank0", hsdp, "bytes", **MEM),
-              # checked: whole mesh is HSDP
-              ledger.claim("tp-fsdp2.pitfall.whole_mesh.state.rank0_fraction",
-                           round(hsdp / full, 3), "fraction", **MEM)]],
-            ["AdamW model state", "bytes", "of one process"],
-            formats={"bytes": ",", "of one process": ".3f"},
-            title="Measured = model on every rank"))
+rank0 = checks.expect_close("2-D memory", "rank 0", runs["adamw"][0]["state"].model_state,
+                            predicted[runs["adamw"][0]["dp_rank"]].model_state, 0,
+                            "model state", unit="bytes",
+                            against="state_bytes_by_rank of tp_local_shapes")
+# HSDP over the whole mesh: FSDP2 over the tp dimension (rank 0 is its shard 0) of the whole
+# model, replicated over dp: the same formula with the full shapes and tp ranks.
+hsdp = checks.expect_close("whole mesh is HSDP", "rank 0",
+                           runs["whole_mesh"][0]["state"].model_state,
+                           state_bytes_by_rank([tuple(p.shape) for p in shapes_model.parameters()],
+                                               "fsdp2", TP, *ADAMW,
+                                               ddp_buckets=False)[0].model_state,
+                           0, "model state", unit="bytes",
+                           against=f"FSDP2 over {TP} ranks of the whole model")
+checks.expect_order("whole mesh is HSDP", "memory", float(rank0), float(hsdp),
+                    low_name="2-D state", high_name="HSDP state")
+report.show(report.table(
+    [["one process", full, 1.0],
+     [f"TP {TP} x FSDP2 {DP}, rank 0", rank0, rank0.scaled(1 / full, "of one process")],
+     ["whole mesh to fully_shard (HSDP), rank 0", hsdp, hsdp.scaled(1 / full, "of one process")]],
+    ["AdamW model state", "bytes", "of one process"],
+    formats={"bytes": ",.0f", "of one process": ".3f"},
+    title="Measured = model on every rank", record=ledger, name="tp-fsdp2.state",
+    keys=["full", "rank0", "whole_mesh"], **MEM))
 
 # %%
 # 3. Training equals one process
@@ -268,22 +277,17 @@ print(table([["one process", ledger.claim("tp-fsdp2.state.full", full, "bytes",
 rows = []
 for opt in ("sgd", "adamw"):
     ranks, (ref_losses, ref_params) = runs[opt], REFERENCE[opt]
-    dloss = checks.assert_losses_match(f"TP+FSDP2, {opt}", ref_losses,
-                                       mean_over_ranks([r["losses"] for r in ranks]))
-    dparam = checks.assert_params_match(f"TP+FSDP2, {opt}", ref_params, ranks[0]["params"],
-                                        checks.PARAM_TOL[opt])
     rows.append([opt,
-                 # checked: loss equivalence
-                 ledger.claim(f"tp-fsdp2.{opt}.loss_gap", float(f"{dloss:.1e}"), "nats",
-                              steps=STEPS, **SETUP),
+                 checks.assert_losses_match(f"TP+FSDP2, {opt}", ref_losses,
+                                            mean_over_ranks([r["losses"] for r in ranks])),
                  ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats"),
-                 # checked: parameter equivalence
-                 ledger.claim(f"tp-fsdp2.{opt}.param_gap", float(f"{dparam:.1e}"),
-                              "absolute", steps=STEPS, **SETUP),
+                 checks.assert_params_match(f"TP+FSDP2, {opt}", ref_params, ranks[0]["params"],
+                                            checks.PARAM_TOL[opt]),
                  ledger.claim(f"tolerance.param.{opt}", checks.PARAM_TOL[opt], "absolute")])
-print(table(rows, ["optimizer", "max |Δloss|", "loss tol", "max |Δparam|", "param tol"],
-            formats={c: ".1e" for c in ("max |Δloss|", "loss tol", "max |Δparam|",
-                                         "param tol")}))
+report.show(report.table(
+    rows, ["optimizer", "max |Δloss|", "loss tol", "max |Δparam|", "param tol"],
+    formats={c: ".1e" for c in ("max |Δloss|", "loss tol", "max |Δparam|", "param tol")},
+    record=ledger, name="tp-fsdp2.train", steps=STEPS, **SETUP))
 
 # %%
 # 4. Collectives per mesh dimension
@@ -299,13 +303,18 @@ print(table(rows, ["optimizer", "max |Δloss|", "loss tol", "max |Δparam|", "pa
 TOKENS = PER_DP * SEQ
 MODEL = {"tp": tp_step(shapes_model, plan_kinds(PLAN), TOKENS, TP),
          "dp": tp_fsdp2_step(shapes_model, local_shapes, DP)}
+volume = {}
 for r, result in enumerate(runs["sgd"]):
     for dim, expected in MODEL.items():
-        checks.check_volume(f"rank {r}, {dim} group", result["by_dim"][dim], expected,
-                            STEPS - 1, tol=0.0, exact_calls=("all_gather", "reduce_scatter",
-                                                             "all_reduce"))
-    checks.expect(len(result["c10d"]) == len(result["by_dim"]["dp"]), "dp = FSDP2's calls",
-                  f"rank {r}", f"CollectiveLog saw {len(result['c10d'])} calls, the dp group "
+        checked = checks.check_volume(f"rank {r}, {dim} group", result["by_dim"][dim], expected,
+                                      STEPS - 1, tol=0.0, exact_calls=("all_gather",
+                                                                       "reduce_scatter",
+                                                                       "all_reduce"))
+        if r == 0:
+            volume[dim] = {kind: elements for (kind, _), (elements, _, _) in checked.items()}
+    checks.expect("dp = FSDP2's calls", f"rank {r}",
+                  len(result["c10d"]) == len(result["by_dim"]["dp"]),
+                  f"CollectiveLog saw {len(result['c10d'])} calls, the dp group "
                   f"{len(result['by_dim']['dp'])}")
 records = runs["sgd"][0]["by_dim"]
 COMM = dict(SETUP, tokens_per_rank=TOKENS)
@@ -313,20 +322,23 @@ comm_rows = []
 for dim in ("tp", "dp"):
     for kind in sorted({c.kind for c in records[dim]}):
         mine_ = [c for c in records[dim] if c.kind == kind]
+        model_ = [c for c in MODEL[dim] if c.kind == kind]
+        run = f"rank 0, {dim} group, {kind}"
         comm_rows.append([
             f"{dim}: {kind}",
-            # checked: comm calls
-            ledger.claim(f"tp-fsdp2.step.{dim}.{kind}.calls", len(mine_) // (STEPS - 1),
-                         "calls", **COMM),
-            # checked: comm volume
-            ledger.claim(f"tp-fsdp2.step.{dim}.{kind}.elements",
-                         sum(c.numel for c in mine_) // (STEPS - 1), "elements", **COMM),
-            # checked: comm volume (ring bytes of the checked calls)
-            ledger.claim(f"tp-fsdp2.step.{dim}.{kind}.ring_kib",
-                         round(sum(ring_bytes(c) for c in mine_) / (STEPS - 1) / 2**10, 2),
-                         "KiB", **COMM)])
-print(table(comm_rows, ["group: collective", "calls", "elements", "KiB sent (ring)"],
-            title=f"One step on rank 0 = the model ({STEPS - 1} steps counted)"))
+            checks.expect_close("comm calls", run, len(mine_) / (STEPS - 1), len(model_), 0,
+                                "calls per step", unit="calls", against="the model's calls"),
+            volume[dim][kind],
+            checks.expect_close("comm volume", run,
+                                sum(ring_bytes(c) for c in mine_) / (STEPS - 1),
+                                sum(ring_bytes(c) for c in model_), 1e-9, "ring bytes",
+                                rel=True, against="the model's collectives, ring cost"
+                                ).scaled(1 / 2**10, "KiB")])
+report.show(report.table(
+    comm_rows, ["group: collective", "calls", "elements", "KiB sent (ring)"],
+    formats={"calls": ",.0f", "elements": ",.0f", "KiB sent (ring)": ",.2f"},
+    title=f"One step on rank 0 = the model ({STEPS - 1} steps counted)",
+    record=ledger, name="tp-fsdp2.step", **COMM))
 
 fig, ax = plt.subplots(figsize=(7.5, 2.8))
 plotting.style()
@@ -346,13 +358,13 @@ plt.show()
 # replica dimension, every parameter ``(Replicate(), Shard(dim=0))``, and each rank holds 1/tp of
 # the model instead of about 1/(dp x tp) (section 2's table). The fix: ``mesh["dp"]``.
 whole = runs["whole_mesh"]
-checks.expect(all(r["error"] and "overlapping meshes" in r["error"] for r in whole),
-              "whole mesh after TP", "fully_shard", f"torch said {whole[0]['error']!r}")
-checks.expect({lay.placements for r in whole for lay in r["layouts"]}
-              == {"(Replicate(), Shard(dim=0))"}, "whole mesh is HSDP", "placements",
+checks.expect("whole mesh after TP",
+              "fully_shard", all(r["error"] and "overlapping meshes" in r["error"] for r in whole),
+              f"torch said {whole[0]['error']!r}")
+checks.expect("whole mesh is HSDP", "placements",
+              {lay.placements for r in whole for lay in r["layouts"]}
+              == {"(Replicate(), Shard(dim=0))"},
               "some parameter is not (Replicate(), Shard(dim=0))")
-checks.expect(hsdp > runs["adamw"][0]["state"].model_state, "whole mesh is HSDP", "memory",
-              f"HSDP holds {hsdp} B, 2-D {runs['adamw'][0]['state'].model_state} B")
 print("torch, fully_shard(block, mesh=mesh) after TP:\n  RuntimeError: "
       + whole[0]["error"].splitlines()[0])
 
@@ -369,19 +381,24 @@ clip = runs["clip"]
 NORM = dict(SETUP, batch="first")
 gap = checks.expect_close("gradient norm", "full_tensor()", [r["total"] for r in clip],
                           [ref_norm] * WORLD_SIZE, 1e-5, "norm")
-checks.expect(all(abs(r["local_norm"] - ref_norm) > 100 * 1e-5 for r in clip),
-              "to_local() norm is wrong", "every rank", "a local norm equals the true one")
-print(table([["one process", ledger.claim("tp-fsdp2.norm.reference", round(ref_norm, 5), "L2",
-                                          **NORM)],
-             # checked: gradient norm
-             ["full_tensor(), every rank", ledger.claim("tp-fsdp2.norm.full_tensor",
-                                                        round(clip[0]["total"], 5), "L2",
-                                                        **NORM)],
+checks.expect("to_local() norm is wrong",
+              "every rank", all(abs(r["local_norm"] - ref_norm) > 100 * 1e-5 for r in clip),
+              "a local norm equals the true one")
+norm_rows = [["one process", ref_norm],
+             ["full_tensor(), every rank",
+              checks.expect_close("gradient norm", "full_tensor(), rank 0", clip[0]["total"],
+                                  ref_norm, 1e-5, "norm", unit="L2",
+                                  against="the single-process norm")],
              *([f"to_local(), rank {r}",
-                # checked: to_local() norm is wrong
-                ledger.claim(f"tp-fsdp2.norm.to_local.rank{r}", round(c["local_norm"], 5),
-                             "L2", **NORM)] for r, c in enumerate(clip))],
-            ["gradient norm", "L2"], formats={"L2": ".5f"}))
+                checks.expect_order("to_local() norm is wrong", f"rank {r}", c["local_norm"],
+                                    ref_norm, low_name="to_local() norm",
+                                    high_name="the true norm", unit="L2")]
+               for r, c in enumerate(clip))]
+report.show(report.table(norm_rows, ["gradient norm", "L2"], formats={"L2": ".5f"},
+                         record=ledger, name="tp-fsdp2.norm",
+                         keys=["reference", "full_tensor", *(f"to_local.rank{r}"
+                                                             for r in range(len(clip)))],
+                         **NORM))
 
 # %%
 # **A parameter outside the TP plan.** The norms, embeddings and head stay on the 1-D dp mesh
@@ -389,19 +406,19 @@ print(table([["one process", ledger.claim("tp-fsdp2.norm.reference", round(ref_n
 # norms of both: torch's message is below. ``clip_by_mesh`` (the code to copy) takes one norm per
 # mesh, combines them and clips each mesh's gradients with that total; the clipped gradients must
 # equal the single-process ``clip_grad_norm_``'s within the SGD parameter tolerance.
-checks.expect(all(r["error"] and "same mesh" in r["error"] for r in clip),
-              "clip_grad_norm_ across meshes", "torch", f"torch said {clip[0]['error']!r}")
-checks.expect(ref_norm > MAX_NORM, "clipping happens", "reference",
+checks.expect("clip_grad_norm_ across meshes",
+              "torch", all(r["error"] and "same mesh" in r["error"] for r in clip),
+              f"torch said {clip[0]['error']!r}")
+checks.expect("clipping happens", "reference", ref_norm > MAX_NORM,
               f"norm {ref_norm} <= max_norm {MAX_NORM}")
 dgrad = checks.assert_params_match("clip_by_mesh", ref_grads, clip[0]["grads"],
                                    checks.PARAM_TOL["sgd"], check="clipped gradients")
 print(f"torch, clip_grad_norm_(model.parameters(), {MAX_NORM}):\n  RuntimeError: "
       + clip[0]["error"].splitlines()[0])
-# checked: clipped gradients
 print(f"clip_by_mesh: clipped gradients = one process's within "
-      f"{ledger.claim('tp-fsdp2.clip.grad_gap', float(f'{dgrad:.1e}'), 'absolute', **NORM):.1e}"
+      f"{ledger.record('tp-fsdp2.clip.grad_gap', dgrad, 'absolute', fmt='.1e', **NORM):.1e}"
       f" (tol {checks.PARAM_TOL['sgd']:.0e}); norm gap "
-      f"{ledger.claim('tp-fsdp2.clip.norm_gap', float(f'{gap:.1e}'), 'L2', **NORM):.1e}")
+      f"{ledger.record('tp-fsdp2.clip.norm_gap', gap, 'L2', fmt='.1e', **NORM):.1e}")
 
 # %%
 # 6. When the second dimension pays (an estimate)
@@ -430,11 +447,14 @@ for preset in ("llama-3-8b", "llama-3-70b", "llama-3.1-405b"):
                                       round(e.gathered_layer_bytes / 2**20, 1), "MiB", **EST),
                          ledger.claim(f"{key}.tp_all_reduce_mib",
                                       round(e.tp_all_reduce_bytes / 2**20, 1), "MiB", **EST)])
-print(table(est_rows, ["preset", "tp", "global batch", "activations/GPU (GiB)",
-                       "gathered layer (MiB)", "TP all-reduce/layer (MiB)"],
-            formats={"activations/GPU (GiB)": ",.1f", "gathered layer (MiB)": ",.1f",
-                     "TP all-reduce/layer (MiB)": ",.1f"},
-            title=f"ESTIMATE: {GPUS} GPUs, {EST_SEQ} tokens, 1 sequence per dp rank"))
+# Each cell is a named claim above with its own row's assumptions (the tp degree), so the table
+# itself records nothing more.
+report.show(report.table(
+    est_rows, ["preset", "tp", "global batch", "activations/GPU (GiB)", "gathered layer (MiB)",
+               "TP all-reduce/layer (MiB)"],
+    formats={"activations/GPU (GiB)": ",.1f", "gathered layer (MiB)": ",.1f",
+             "TP all-reduce/layer (MiB)": ",.1f"},
+    title=f"ESTIMATE: {GPUS} GPUs, {EST_SEQ} tokens, 1 sequence per dp rank"))
 print("\nAll checks passed: TP + FSDP2 places, holds, trains and communicates as predicted.")
 
 # sphinx_gallery_thumbnail_number = 1

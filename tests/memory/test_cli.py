@@ -20,7 +20,9 @@ import pytest
 
 from guide.memory import PRESETS, GiB, activation_bytes, per_rank_state_bytes
 from guide.memory.activations import checkpointed_layer_bytes, korthikanti_layer_bytes
+from guide.memory.architectures import Architecture
 from guide.memory.cli import UNITS, format_bytes, main
+from guide.memory.finetune import finetune_state_bytes, lora_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,3 +204,47 @@ def test_console_script_points_at_main():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, name = scripts["guide-memory"].partition(":")
     assert getattr(importlib.import_module(module), name) is main
+
+
+def test_lora_rank_prices_frozen_base_plus_adapters_by_hand(capsys):
+    # Llama-style toy (no biases, SwiGLU): embeddings 8x4 + layer (norm 4, q k v o 4x4 each,
+    # norm 4, MLP 4x4 three times) + final norm 4 + head 8x4 = 188 parameters, frozen, fp32.
+    # Rank 1 adapters on the 7 linears: (1, 4) + (4, 1) each = 56 elements, fp32: params and
+    # grads 224 B each; AdamW: 2 moments x 224 B + 14 step counters x 4 B.
+    argv = ["--hidden", "4", "--vocab", "8", "--layers", "1", "--heads", "1", "--mlp", "4",
+            "-N", "1", "2", "--lora-rank", "1", "--base-precision", "fp32",
+            "--precision", "fp32", "--strategy", "fsdp2"]
+    lora = _json(argv, capsys)["lora"]
+    assert lora["rank"] == 1 and lora["base_precision"] == "fp32"
+    want = dict(N=1, params=188 * 4 + 56 * 4, grads=56 * 4, optimizer=2 * 56 * 4 + 14 * 4)
+    assert lora["rows"][0] == {**want, "total": sum(v for k, v in want.items() if k != "N")}
+    # N = 2: rank 0's shard of every tensor (padded rows), the rows it owns of the moments.
+    arch = Architecture(vocab=8, hidden=4, layers=1, heads=1, mlp=4)
+    linears = [s for s in arch.fsdp2_units()[1] if len(s) == 2]
+    sb = finetune_state_bytes(arch.param_shapes(), lora_shapes(linears, 1), 2,
+                              frozen_precision="fp32", trainable_precision="fp32",
+                              optimizer="adamw")[0]
+    assert lora["rows"][1] == dict(N=2, params=sb.params, grads=sb.grads,
+                                   optimizer=sb.optimizer, total=sb.model_state)
+    assert main(argv) == 0
+    assert "FSDP2, LoRA rank 1 on every linear, base frozen in fp32" in capsys.readouterr().out
+
+
+def test_lora_rank_bf16_base_halves_the_frozen_bytes(capsys):
+    common = ["--preset", "llama-3-8b", "-N", "8", "--lora-rank", "16", "--strategy", "fsdp2"]
+    fp32 = _json([*common, "--base-precision", "fp32"], capsys)["lora"]["rows"][0]
+    bf16 = _json(common, capsys)["lora"]["rows"][0]
+    adapters = fp32["grads"]  # fp32 adapters (bf16_mixed): their params are their grads' size
+    assert fp32["params"] - adapters == 2 * (bf16["params"] - adapters)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--params", "7e9", "--lora-rank", "8"], "--lora-rank adds adapters to every linear"),
+    (["--preset", "llama-3-8b", "--lora-rank", "0"], "lora_rank must be a positive integer"),
+    (["--preset", "llama-3-8b", "--lora-rank", "8", "--base-precision", "int4"],
+     "unknown --base-precision 'int4'"),
+])
+def test_lora_rank_rejects_nonsense(argv, match, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and match in capsys.readouterr().err

@@ -11,7 +11,10 @@ or one unit for all (``--unit GiB``), or ``--json`` for scripts (every field of 
 integers). ``--strategy all`` prices the five layouts of :mod:`guide.memory.fit` (HSDP's shard
 group: ``--shard-group``, default 8); with a GPU (``--gpu "H100 (80 GB)"`` or ``--gpu-memory 80``,
 in GiB) every row says whether it fits and its headroom, and the output gives the smallest N that
-fits for each strategy. Bad input exits with status 2 and one line naming the fix, never a table.
+fits for each strategy. ``--lora-rank R`` adds FSDP2 fine-tuning with a frozen base (in
+``--base-precision``, default bf16) and rank-``R`` LoRA adapters (in ``--precision``) on every
+linear of every layer (:func:`guide.memory.finetune.lora_state_bytes`: rank 0's bytes, the most).
+Bad input exits with status 2 and one line naming the fix, never a table.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 
 from guide.memory.activations import CHECKPOINTING, activation_bytes
 from guide.memory.architectures import PRESETS, Architecture
+from guide.memory.finetune import lora_state_bytes
 from guide.memory.fit import (
     DEFAULT_SHARD_GROUP,
     FIT_STRATEGIES,
@@ -45,6 +49,7 @@ FIT_LABELS_SHORT = {"fsdp2_no_reshard": "ZeRO-2", "zero2": "ZeRO-2 (paper)", "dd
 #: Binary units, by name: what ``--unit`` accepts besides ``auto``.
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
+_LORA = ("params", "grads", "optimizer", "total")
 _PARTS = ("params", "unsharded", "grads", "optimizer", "buckets", "activations", "total")
 
 
@@ -91,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     gpu.add_argument("--gpu-memory", type=float, metavar="GIB",
                      help="say whether it fits a GPU of this many GiB")
     p.add_argument("--precision", default="bf16_mixed", help=f"one of {', '.join(PRECISIONS)}")
+    p.add_argument("--lora-rank", type=int, metavar="R",
+                   help="also price FSDP2 LoRA fine-tuning: rank-R adapters, the base frozen")
+    p.add_argument("--base-precision", default="bf16",
+                   help=f"the frozen base's dtype with --lora-rank: one of {', '.join(PRECISIONS)}")
     p.add_argument("--optimizer", default="adamw", help=f"one of {', '.join(OPTIMIZERS)}")
     p.add_argument("--world-size", "-N", type=int, nargs="+", default=[1, 8, 64],
                    help="one or more world sizes (default: 1 8 64)")
@@ -173,6 +182,25 @@ def _fit(args: argparse.Namespace, arch: Architecture | None, n_params: int, act
                       capacity=_capacity(args))
 
 
+def _lora(args: argparse.Namespace, arch: Architecture | None) -> dict | None:
+    """With ``--lora-rank``: rank 0's bytes per N (params: frozen base + adapters), in bytes."""
+    if args.lora_rank is None:
+        return None
+    if arch is None:
+        raise ValueError("--lora-rank adds adapters to every linear: give an architecture "
+                         "(--preset or --hidden ...), not just --params.")
+    for name, key in (("--base-precision", args.base_precision), ("--precision", args.precision)):
+        if key not in PRECISIONS:
+            raise ValueError(f"unknown {name} {key!r}; choose one of {', '.join(PRECISIONS)}.")
+    rows = []
+    for n in args.world_size:
+        sb = lora_state_bytes(arch, args.lora_rank, n, base_precision=args.base_precision,
+                              adapter_precision=args.precision, optimizer=args.optimizer)[0]
+        rows.append({"N": n, "params": sb.params, "grads": sb.grads,
+                     "optimizer": sb.optimizer, "total": sb.model_state})
+    return {"rank": args.lora_rank, "base_precision": args.base_precision, "rows": rows}
+
+
 def _report(args: argparse.Namespace, n_params: int) -> dict:
     """Everything the table states, for ``--json``."""
     return {
@@ -201,10 +229,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         arch = _architecture(args)
         n_params = _n_params(args, arch)
         fit = _fit(args, arch, n_params, _activations(args, arch))
+        lora = _lora(args, arch)
     except ValueError as err:
         parser.exit(2, f"guide-memory: error: {err}\n")
     if args.json:
-        print(json.dumps({**_report(args, n_params), **fit}, indent=2))
+        print(json.dumps({**_report(args, n_params), **fit,
+                          **({"lora": lora} if lora else {})}, indent=2))
         return 0
     rows = fit["rows"]
     act = args.seq_len is not None
@@ -234,6 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{FIT_WORLD_SIZES[-1]:,}): " + "; ".join(
                   f"{FIT_LABELS_SHORT.get(k, k)} {'none' if n is None else n}"
                   for k, n in fit["smallest_world_size"].items()))
+    if lora:
+        print(table([{"N": r["N"], **{c: format_bytes(r[c], args.unit) for c in _LORA}}
+                     for r in lora["rows"]], ["N", *_LORA],
+                    title=f"FSDP2, LoRA rank {lora['rank']} on every linear, base frozen in "
+                          f"{args.base_precision}: predicted {unit} on rank 0 (activations "
+                          "not included)"))
     print("buckets: DDP's gradient buckets, held by DDP and ZeRO-1 "
           + ("with gradient_as_bucket_view=False (the default); --bucket-view drops them."
              if not args.bucket_view else "— none: --bucket-view (gradient_as_bucket_view=True)."))

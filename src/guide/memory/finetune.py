@@ -10,18 +10,21 @@ optimizer state, plus AdamW's ``step`` counter per trainable tensor. The fine-tu
 to the byte against :func:`guide.memory.measure` on a live LoRA run.
 
 :func:`lora_shapes` gives the adapter shapes of a LoRA of rank ``r`` on a list of linear weights
-(``A``: ``(r, d_in)``, ``B``: ``(d_out, r)``).
+(``A``: ``(r, d_in)``, ``B``: ``(d_out, r)``); :func:`lora_state_bytes` prices a rank-``r`` LoRA of
+every linear weight of every layer of an :class:`~guide.memory.architectures.Architecture` (what
+``guide-memory --lora-rank R`` prints).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from guide.memory.architectures import Architecture
 from guide.memory.predicted import state_bytes_by_rank
 from guide.memory.state import StateBytes
 from guide.validate import positive_int
 
-__all__ = ["finetune_state_bytes", "lora_shapes"]
+__all__ = ["finetune_state_bytes", "lora_shapes", "lora_state_bytes"]
 
 
 def lora_shapes(linear_shapes: Sequence[Sequence[int]], rank: int) -> list[tuple[int, int]]:
@@ -66,3 +69,22 @@ def finetune_state_bytes(frozen_shapes: Sequence[Sequence[int]],
     frozen = state_bytes_by_rank(frozen_shapes, "fsdp2", n, frozen_precision, "sgd",
                                  ddp_buckets=False)  # SGD: no state; the params are all we keep
     return [t + StateBytes(f.params, 0, 0, 0) for t, f in zip(trained, frozen)]
+
+
+def lora_state_bytes(arch: Architecture, lora_rank: int, world_size: int, *,
+                     base_precision: str, adapter_precision: str,
+                     optimizer: str) -> list[StateBytes]:
+    """Predicted bytes of every rank for a rank-``lora_rank`` LoRA of every linear weight (2-D
+    shape) of every layer of ``arch`` (attention and MLP; not the embeddings or the head), the
+    whole model frozen in ``base_precision``, one ``fully_shard`` group per layer as on the page.
+
+    >>> arch = Architecture(vocab=8, hidden=4, layers=1, heads=1, mlp=4, gated_mlp=False)
+    >>> [s.model_state for s in lora_state_bytes(arch, 1, 1, base_precision="fp32",
+    ...  adapter_precision="fp32", optimizer="sgd")]
+    [1072]
+    """
+    positive_int("lora_rank", lora_rank, "the adapters' rank")
+    linears = [s for layer in arch.fsdp2_units()[1:] for s in layer if len(s) == 2]
+    return finetune_state_bytes(arch.param_shapes(), lora_shapes(linears, lora_rank), world_size,
+                                frozen_precision=base_precision,
+                                trainable_precision=adapter_precision, optimizer=optimizer)
