@@ -2,63 +2,105 @@
 FSDP2 pitfalls, each one reproduced and guarded
 ===============================================
 
-Most FSDP2 questions on issue trackers come back to the same handful of mistakes. This page makes
-each mistake on purpose, on 2 gloo ranks, and shows its symptom exactly as torch presents it: the
-error or warning text you would paste into a search box, or the number that is silently wrong.
-Then it runs the fix.
+.. admonition:: Verdict
+   :class: tip
 
-Every section is a build check twice over. **The wrong way must still go wrong**: if a torch release
-fixes or changes a pitfall, the build fails with ``[pitfall reproduces]`` and names the section to
-update. **The right way must be right**: equal to a single process, or counted to be what the
-semantics require, within the tolerances of :mod:`guide.checks`.
+   Check three silent mistakes first, since nothing fails: build the optimizer **after**
+   ``fully_shard`` (before it, parameters move by :claim:`pitfalls.optimizer_first.param_change`),
+   end with ``fully_shard(model)`` (without it the ranks drift apart by
+   :claim:`pitfalls.no_root.drift`), and build with the **same seed** on every rank (otherwise
+   the model is off by :claim:`pitfalls.seed_per_rank.gap`). The table below maps each symptom
+   to its fix.
 
-The ten pitfalls:
-
-1. the optimizer built before ``fully_shard``;
-2. tied embeddings in two FSDP groups;
-3. an in-place op on an FSDP2 module's output;
-4. reading the local part of a gradient norm;
-5. a DDP-style ``no_sync`` that does nothing;
-6. different seeds on different ranks;
-7. forgetting the root ``fully_shard``;
-8. meta-device init without a broadcast (on the checkpoint page);
-9. ``reshard_after_forward``'s default, and passing ``True`` for it;
-10. calling a method other than ``forward``.
-
-The mistakes are made in one job: each section defines what a rank does (the wrong way and the
-fix), one :func:`guide.launch` runs them all, and the outcomes follow, section by section, with a
-summary table at the end. Every message and number below is printed by that run.
+Measured on CPU gloo processes (tiny models, two shared cores); nothing on this page is predicted
+for a GPU. Each section makes one mistake on purpose, shows its symptom as torch presents it (the
+error or warning you would paste into a search box, or the number that is silently wrong), runs
+the fix, and asserts both: **the wrong way must still go wrong** (else the build fails with
+``[pitfall reproduces]`` naming the section to update), and **the right way must be right**
+(equal to a single process, or counted to be what the semantics require).
 """
+
+# %%
+# The fix most pitfalls come back to, in plain PyTorch: ``fully_shard`` each block, then the root,
+# with the same weights on every rank; build the optimizer after. The sections below call this.
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+
+def apply_fsdp2(model: nn.Module, mesh, **options) -> nn.Module:
+    """Each block its own group, then the root (pitfall 7); every rank built the same weights
+    (pitfall 6); build the optimizer on what this returns (pitfall 1)."""
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
+    return model
+
+
+# %%
+# Symptom → fix
+# -------------
+# Each row links to its section; every symptom is reproduced there by this page's run.
+from guide import report
+from guide.report import Link
+
+SYMPTOMS = [  # (section label, pitfall, symptom, fix)
+    ("optimizer-first", "optimizer built before fully_shard", "none: the loss never moves",
+     "build the optimizer after fully_shard"),
+    ("tied-embeddings", "tied embeddings in two FSDP groups",
+     "ValueError: ...already managed by another FSDP group (older torch: the tie breaks)",
+     "fully_shard([model.tok_emb, model.head])"),
+    ("inplace-output", "in-place op on an FSDP2 module's output",
+     "UserWarning: ...returned a view tensor; RuntimeError: setStorage: ...", "y = y + x"),
+    ("grad-norm", "local part of a gradient norm",
+     "none: each rank reads its own, smaller norm", "p.grad.norm().full_tensor()"),
+    ("no-sync", "DDP-style no_sync", "AttributeError: ...has no attribute 'no_sync'",
+     "model.set_requires_gradient_sync(False)"),
+    ("seed-per-rank", "different seeds on different ranks",
+     "none: a patchwork of the ranks' models", "the same seed on every rank"),
+    ("no-root", "no root fully_shard", "none: the ranks drift apart",
+     "fully_shard(model) last"),
+    ("meta-init", "meta-device init without a broadcast", "none: not the 1-process model",
+     "set_model_state_dict(..., broadcast_from_rank0=True)"),
+    ("reshard-default", "reshard_after_forward=True everywhere",
+     "none: one more all-gather per step", "leave the default, None"),
+    ("other-method", "a method other than forward",
+     "RuntimeError: ...got mixed torch.Tensor and DTensor",
+     "register_fsdp_forward_method(model, name)"),
+]
+report.show(report.table([[Link(name, f"#pitfalls-{label}"), symptom, fix]
+                          for label, name, symptom, fix in SYMPTOMS],
+                         ["pitfall", "symptom", "fix"]))
 
 # %%
 # Setup
 # -----
 # The site's model with 2 blocks (:class:`guide.model.TinyLM`), SGD, and a few global batches of
 # token sequences, each rank taking its own slice. The single-process references run here, in this
-# process, on the full batches.
+# process, on the full batches. Each section runs one short job on the ranks
+# (:func:`run_pitfall`); the checks that decide "the wrong way still goes wrong" are
+# :mod:`guide.pitfalls`, each tested on a run that did *not* go wrong.
 import contextlib
 import inspect
-import math
-import warnings
 
 import matplotlib.pyplot as plt
-import torch
-from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     set_model_state_dict,
 )
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, claims, comm, plotting, report, sharding
+from guide import checks, claims, comm, plotting, sharding
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.layout import chunk_sizes, full_state, local_tensor, param_layouts
 from guide.model import ModelConfig, TinyLM, build_model
+from guide.pitfalls import (assert_differs, assert_frozen, assert_partial,
+                            assert_reproduces, caught, torch_source_says)
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run, train_steps)
 
@@ -89,87 +131,22 @@ def gap(name: str, value: float, unit: str, check: str, **assumptions) -> float:
 print(f"torch {torch.__version__}, {WORLD_SIZE} ranks, TinyLM with {CFG.n_layers} "
       f"blocks, {PARAMS:,} parameters")
 
+
 # %%
-# How the page decides
-# --------------------
-# Four small checks decide "the wrong way still goes wrong"; each raises
-# :class:`guide.checks.CheckFailed` naming the pitfall, and each is tested on a run that did *not*
-# go wrong (``tests/test_pitfalls.py``). The right ways use the site's checks
-# (:func:`~guide.checks.assert_losses_match`, :func:`~guide.checks.assert_params_match`, ...).
+# One short job per section: ``run_pitfall(worker)`` runs ``worker`` on every rank and adds what
+# each rank returned to ``results`` (``R``: rank 0's), so each outcome shows under its own code.
+results = [{} for _ in range(WORLD_SIZE)]
+R = results[0]  # rank 0's view; sections that compare ranks read `results`
 
 
-def assert_reproduces(pitfall: str, messages: list[str], expected: str) -> str:
-    """One of ``messages`` (errors or warnings torch gave) contains ``expected``;
-    returns it."""
-    hit = next((m for m in messages if expected in m), None)
-    checks.expect("pitfall reproduces", pitfall, hit is not None,
-                  f"torch {torch.__version__} no longer says {expected!r} (it said "
-                  f"{messages!r}); the pitfall changed: update this section of the "
-                  "page.")
-    return hit
-
-
-def assert_differs(pitfall: str, reference: dict, got: dict, tol: float) -> float:
-    """The wrong way's tensors are off: some entry differs from ``reference`` by more
-    than ``tol`` (NaN counts as off). Returns the worst gap."""
-    gaps = [(got[k].double() - ref.double()).abs().max().item()
-            for k, ref in reference.items()]
-    worst = next((g for g in gaps if g != g), max(gaps))
-    checks.expect("pitfall reproduces", pitfall, any(not g <= tol for g in gaps),
-                  "the wrong way now matches the right one (worst gap "
-                  f"{worst:.1e} <= {tol:.0e}) on torch {torch.__version__}: update "
-                  "this section of the page.")
-    return worst
-
-
-def assert_frozen(pitfall: str, before: dict, after: dict, losses: list[float],
-                  warned: list[str]) -> None:
-    """Training silently did nothing: every parameter bitwise unchanged, the loss of the
-    repeated batch the same every step, and no warning."""
-    moved = max((after[k] - before[k]).abs().max().item() for k in before)
-    frozen = moved == 0.0 and losses is not None and len(set(losses)) == 1
-    checks.expect("pitfall reproduces", pitfall, frozen and not warned,
-                  f"parameters moved by {moved:.1e}, losses {losses}, warnings "
-                  f"{warned} on torch {torch.__version__}: update this section of the "
-                  "page.")
-
-
-def assert_partial(pitfall: str, local_per_rank: list[float], full: float,
-                   tol: float) -> None:
-    """What a rank reads depends on the rank (some rank's local norm is not the
-    norm), and the local norms are the norm's parts: the square root of the sum of
-    their squares is the norm."""
-    whole = math.sqrt(sum(x * x for x in local_per_rank))
-    checks.expect("pitfall reproduces", pitfall,
-                  any(not abs(x - full) <= tol for x in local_per_rank),
-                  f"every rank's local norm {local_per_rank} equals the full norm "
-                  f"{full}: update this section of the page (torch "
-                  f"{torch.__version__}).")
-    checks.expect("partial norm", pitfall, abs(whole - full) <= tol,
-                  f"sqrt(sum of local norms squared) = {whole} but the norm is {full}.")
-
-
-def torch_source_says(text: str) -> bool:
-    """Whether this torch's FSDP2 state (``_fsdp_state.py``) has ``text`` in its source.
-    A check or warning that arrived in some release must then fire; an older torch
-    (the 2.9 floor) is held to what it does instead."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_state
-    return text in inspect.getsource(_fsdp_state)
-
-
-def caught(fn, *args) -> tuple[object, list[str]]:
-    """``fn(*args)``'s result (or ``None``) and every error and warning it raised, as
-    text."""
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        try:
-            result, errors = fn(*args), []
-        except Exception as exc:  # the symptom is the point: keep its text
-            result, errors = None, [f"{type(exc).__name__}: {exc}"]
-    return result, errors + [f"{w.category.__name__}: {w.message}" for w in record]
+def run_pitfall(worker) -> None:
+    for mine, got in zip(results, guide.launch(worker, WORLD_SIZE)):
+        mine.update(got)
 
 
 # %%
+# .. _pitfalls-optimizer-first:
+#
 # 1. The optimizer built before ``fully_shard``
 # ---------------------------------------------
 # ``fully_shard`` replaces every parameter of the module with a new ``nn.Parameter`` wrapping a
@@ -198,7 +175,66 @@ def optimizer_first(rank: guide.Rank, mesh, build_optimizer_first: bool) -> dict
             "messages": messages}
 
 
+def pitfall_1(rank: guide.Rank) -> dict:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    return {"1 wrong": optimizer_first(rank, mesh, build_optimizer_first=True),
+        "1 right": optimizer_first(rank, mesh, build_optimizer_first=False)}
+
+
+run_pitfall(pitfall_1)
+
 # %%
+# **Outcome.**
+run = "1. optimizer before fully_shard"
+wrong, right = R["1 wrong"], R["1 right"]
+assert_frozen(run, wrong["before"], wrong["after"], wrong["losses"], wrong["messages"])
+WAYS = {"optimizer first": "1 wrong", "fully_shard first": "1 right"}
+curves = {way: mean_over_ranks([res[key]["losses"] for res in results])
+          for way, key in WAYS.items()}
+curves["1 process"] = ONE_BATCH_REFERENCE[0]
+checks.assert_learns(run + " (fixed)", curves["fully_shard first"])
+checks.assert_losses_match(run + " (fixed)", curves["1 process"],
+                           curves["fully_shard first"])
+checks.assert_params_match(run + " (fixed)", ONE_BATCH_REFERENCE[1], right["after"],
+                           checks.PARAM_TOL["sgd"])
+print(report.table([[s, *(c[s] for c in curves.values())]
+                    for s in range(len(ONE_BATCH))],
+                   ["step", *curves], formats=dict.fromkeys(curves, ".4f"),
+                   title=f"loss on the same global batch (mean over ranks), "
+                         f"{len(ONE_BATCH)} SGD steps"))
+moved = max((wrong["after"][k] - wrong["before"][k]).abs().max().item()
+            for k in wrong["before"])
+# issue 23: unchecked, was asserted: pitfall reproduces
+FROZEN = dict(guard="computed", steps=len(ONE_BATCH), **RUN)
+said = ledger.claim("pitfalls.optimizer_first.messages", len(wrong["messages"]),
+                    "messages", **FROZEN)
+moved = ledger.claim("pitfalls.optimizer_first.param_change", moved, "absolute",
+                     **FROZEN)
+stuck = ledger.claim("pitfalls.optimizer_first.loss",
+                     round(curves["optimizer first"][0], 4), "nats", **FROZEN)
+print(f"\nthe wrong run: {said} warnings or errors; largest parameter change "
+      f"{moved:.1e}")
+
+# %%
+# The loss, step by step: the wrong way is a flat line.
+plotting.style()
+fig, ax = plt.subplots(figsize=(7, 3.8))
+ax.plot(curves["1 process"], color=plotting.REFERENCE_COLOR, lw=5, alpha=0.3,
+        label="1 process")
+ax.plot(curves["fully_shard first"], "o-", color=sharding.Strategy.FSDP2.color,
+        label=f"optimizer built after fully_shard, {WORLD_SIZE} ranks")
+ax.plot(curves["optimizer first"], "s--", color="black",
+        label=f"optimizer built before fully_shard, {WORLD_SIZE} ranks")
+ax.set_xlabel("SGD step (same batch every step)")
+ax.set_ylabel("training loss (nats/token)")
+ax.set_title("Optimizer built before fully_shard: the loss never moves")
+ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+ax.legend()
+plt.show()
+
+# %%
+# .. _pitfalls-tied-embeddings:
+#
 # 2. Tied embeddings in two FSDP groups
 # -------------------------------------
 # Many language models use one matrix as the token embedding and the output head
@@ -234,7 +270,7 @@ TIED_REFERENCE = tied_reference()
 def tied_embeddings(rank: guide.Rank, mesh) -> dict:
     wrong = tie(build_model(CFG, device=rank.device))
     fully_shard(wrong.tok_emb, mesh=mesh)  # WRONG: the tied weight's own group...
-    sharding.apply_fsdp2(wrong, mesh)  # ...and the root's (which owns head)
+    apply_fsdp2(wrong, mesh)  # ...and the root's (which owns head)
     _, messages = caught(wrong, BATCHES[0, :, :-1].to(rank.device))
     broken = None
     if not messages:  # a torch without the check: it trains; measure what
@@ -246,7 +282,7 @@ def tied_embeddings(rank: guide.Rank, mesh) -> dict:
     with torch.device("meta"):
         model = tie(TinyLM(CFG))
     fully_shard([model.tok_emb, model.head], mesh=mesh)  # right: one group for the pair
-    sharding.apply_fsdp2(model, mesh)
+    apply_fsdp2(model, mesh)
     tied = {"after fully_shard": model.head.weight is model.tok_emb.weight}
     model.to_empty(device=rank.device)
     tied["after to_empty"] = model.head.weight is model.tok_emb.weight
@@ -259,7 +295,53 @@ def tied_embeddings(rank: guide.Rank, mesh) -> dict:
             "params": full_state(model), "broken": broken}
 
 
+def pitfall_2(rank: guide.Rank) -> dict:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    return {"2": tied_embeddings(rank, mesh)}
+
+
+run_pitfall(pitfall_2)
+
 # %%
+# **Outcome.**
+run = "2. tied embeddings"
+if torch_source_says("already managed by another FSDP group"):
+    error = assert_reproduces(run, R["2"]["messages"],
+                              "is shared with a parameter already managed by "
+                              "another FSDP group")
+    symptom, outcome = "ValueError: ...already managed by another FSDP group", "raises"
+else:  # an older torch: no error, and the tie is broken
+    broken = R["2"]["broken"]
+    checks.expect("pitfall reproduces", run,
+                  broken is not None and not broken["tied"] and not broken["messages"],
+                  f"torch {torch.__version__}: {broken}")
+    worst = assert_differs(run, TIED_REFERENCE[1], broken["params"],
+                           checks.PARAM_TOL["sgd"])
+    error = (f"torch {torch.__version__} says nothing; head.weight is no longer "
+             f"tok_emb.weight, and {STEPS} steps later the model is off the tied "
+             f"one by up to {worst:.1e}")
+    symptom, outcome = "none: the tie breaks silently", "untied"
+print(error)
+for r, res in enumerate(results):
+    checks.expect("tie kept", run + " (fixed)", all(res["2"]["tied"].values()),
+                  f"rank {r}: {res['2']['tied']}")
+checks.assert_learns(run + " (fixed)", R["2"]["losses"])
+tied_losses = mean_over_ranks([res["2"]["losses"] for res in results])
+tied_loss_gap = checks.assert_losses_match(run + " (fixed)", TIED_REFERENCE[0],
+                                           tied_losses)
+tied_param_gap = checks.assert_params_match(run + " (fixed)", TIED_REFERENCE[1],
+                                            R["2"]["params"], checks.PARAM_TOL["sgd"])
+tied_loss_gap = gap("tied_embeddings.fixed.loss_gap", tied_loss_gap, "nats",
+                    "loss equivalence", steps=STEPS)
+tied_param_gap = gap("tied_embeddings.fixed.param_gap", tied_param_gap, "absolute",
+                     "parameter equivalence", steps=STEPS)
+print(f"\nfully_shard([tok_emb, head]): head.weight is tok_emb.weight "
+      f"{R['2']['tied']}; against the tied single-process model: max |Δloss| "
+      f"{tied_loss_gap:.1e}, max |Δparam| {tied_param_gap:.1e}")
+
+# %%
+# .. _pitfalls-inplace-output:
+#
 # 3. An in-place op on an FSDP2 module's output
 # ---------------------------------------------
 # FSDP2 runs a module's backward all-gather from a hook it registers on the module's *outputs*
@@ -335,321 +417,16 @@ def inplace_output(rank: guide.Rank, mesh) -> dict:
     return out
 
 
-# %%
-# 4. Reading the local part of a gradient norm
-# --------------------------------------------
-# Under FSDP2 a gradient is a ``DTensor`` sharded over the ranks. ``p.grad.norm()`` returns a
-# ``DTensor`` too, with a *partial* placement (``_NormPartial``): each rank holds the norm of its
-# own shard, and only a reduction makes the norm. Reading it with ``.to_local()`` or through the
-# local tensor (per-layer gradient-norm logging does) gives each rank a different, too small number;
-# the squares of the ranks' values add up to the square of the norm. ``.full_tensor()`` reduces.
-# pytorch #170862 reported the same for the total norm ``clip_grad_norm_`` returns (torch 2.9);
-# torchtitan #766 for logged norms. On torch 2.13 ``clip_grad_norm_`` returns a replicated
-# ``DTensor`` whose local value is the norm; on torch 2.9 it is still partial. The page asserts
-# whichever this torch returns: the norm itself, or parts that add up to it. (The clipping itself
-# is the subject of the gradient-clipping page.)
-GRAD_MODEL = build_model(CFG)
-next_token_loss(GRAD_MODEL, BATCHES[0]).backward()
-NORM_REFERENCE = {n: p.grad.norm().item() for n, p in GRAD_MODEL.named_parameters()}
-TOTAL_NORM_REFERENCE = torch.nn.utils.get_total_norm(
-    [p.grad for p in GRAD_MODEL.parameters()]).item()
-
-
-def grad_norms(rank: guide.Rank, mesh) -> dict:
-    model = sharding.apply_fsdp2(build_model(CFG, device=rank.device), mesh)
-    tokens = rank_slice(BATCHES[0], rank.rank, rank.world_size)
-    next_token_loss(model, tokens).backward()
-    norms = {n: p.grad.norm() for n, p in model.named_parameters()}
-    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=float("inf"))
-    return {"placements": {str(n.placements) for n in norms.values()},
-            "local": {n: v.to_local().item() for n, v in norms.items()},  # WRONG
-            "full": {n: v.full_tensor().item() for n, v in norms.items()},  # right
-            "clip placements": str(total.placements),
-            "clip local": total.to_local().item(),
-            "clip full": total.full_tensor().item()}
-
-
-# %%
-# 5. A DDP-style ``no_sync`` that does nothing
-# --------------------------------------------
-# Gradient accumulation code written for DDP skips the gradient all-reduce on all but the last
-# micro-batch with ``with model.no_sync():`` (which sets ``model.require_backward_grad_sync``).
-# An FSDP2 module has no ``no_sync``; code that guards it with ``isinstance(model, DDP)``, as
-# NVIDIA/cosmos-framework #161 shipped, silently reduces every micro-batch, and setting
-# ``require_backward_grad_sync`` on an FSDP2 module just creates an attribute nobody reads. The
-# result is still correct, but every micro-batch pays a full reduce-scatter. The FSDP2 call is
-# ``model.set_requires_gradient_sync(False)`` (``FSDPModule`` in ``_fully_shard.py``; the
-# gradient-accumulation page measures what it costs in memory). Counted with
-# :class:`guide.comm.CollectiveLog`, over ``K`` micro-batches per step:
-K = 2
-
-
-def skip_sync(rank: guide.Rank, mesh, fsdp2_way: bool) -> dict:
-    model = sharding.apply_fsdp2(build_model(CFG, device=rank.device), mesh)
-    _, messages = caught(lambda: model.no_sync())  # DDP's API
-    opt = make_optimizer("sgd", model.parameters())
-    with CollectiveLog(model) as log:
-        for micro in micro_batches(BATCHES, K):
-            opt.zero_grad(set_to_none=True)
-            for i, batch in enumerate(micro):
-                last = i == K - 1
-                skip = contextlib.nullcontext()
-                if fsdp2_way:
-                    model.set_requires_gradient_sync(last)  # right
-                else:  # WRONG: DDP's switches; the guard is False, the flag unread
-                    if isinstance(model, DDP) and not last:
-                        skip = model.no_sync()
-                    model.require_backward_grad_sync = last
-                with skip:
-                    tokens = rank_slice(batch, rank.rank, rank.world_size)
-                    (next_token_loss(model, tokens) / K).backward()
-            opt.step()
-    return {"messages": messages,
-            "reduce_scatters": log.count("reduce_scatter") / STEPS,
-            "params": full_state(model)}
-
-
-# %%
-# 6. Different seeds on different ranks
-# -------------------------------------
-# DDP broadcasts rank 0's weights when it wraps the model; ``fully_shard`` does not broadcast
-# anything: each rank keeps *its own rows* of whatever it built (``FSDPParam._init_sharded_param``
-# takes this rank's ``torch.chunk`` of the local tensor, no collective). Seed each rank differently
-# (``torch.manual_seed(rank)``, a common data-loading habit) and the model the ranks jointly hold is
-# a patchwork: rows of rank 0's model, then rows of rank 1's, a model no process ever built. Nothing
-# fails; the run is just not the one you seeded. The fix: build with the same seed everywhere (or
-# load one checkpoint).
-
-
-def seeds(rank: guide.Rank, mesh, same_seed: bool) -> dict:
-    seed = 0 if same_seed else rank.rank  # WRONG when it depends on the rank
-    model = sharding.apply_fsdp2(build_model(CFG, seed=seed, device=rank.device), mesh)
-    return full_state(model)
-
-
-# %%
-# 7. Forgetting the root ``fully_shard``
-# --------------------------------------
-# ``fully_shard`` on the blocks alone leaves the embeddings, the final norm and the head as plain
-# tensors, full size on every rank. Worse, nothing reduces their gradients: no DDP wraps them and no
-# FSDP group owns them, so each rank updates them from its own slice of the batch and the ranks'
-# copies drift apart. And each block, now a root itself, keeps its parameters unsharded from forward
-# to backward (a root's ``reshard_after_forward`` default is ``False``, ``FSDPState._lazy_init``).
-# The fix is the last line of every FSDP2 recipe: ``fully_shard(model, mesh=mesh)``.
-
-
-def root_shard(rank: guide.Rank, mesh, shard_root: bool) -> dict:
-    model = build_model(CFG, device=rank.device)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    if shard_root:
-        fully_shard(model, mesh=mesh)  # the line that is missing in the wrong way
-    opt = make_optimizer("sgd", model.parameters())
-    with CollectiveLog(model) as log:
-        losses = train_steps(model, opt, BATCHES, rank)
-    return {"losses": losses, "params": full_state(model),
-            "layouts": param_layouts(model, rank.rank),
-            "param_bytes": sum(local_tensor(p).nbytes for p in model.parameters()),
-            "all_gathers": log.count("all_gather") / STEPS,
-            "reduce_scatters": log.count("reduce_scatter") / STEPS}
-
-
-# %%
-# 8. Meta-device init without a broadcast
-# ---------------------------------------
-# Building a large model on the ``meta`` device, sharding it, then ``to_empty()`` and
-# ``reset_parameters()`` is the memory-saving way to start; but each rank then draws its *local*
-# shard from its own generator (with the same seed everywhere, every rank's shard holds the same
-# values), and the model the ranks hold is not the single-process one. The
-# :ref:`checkpoint page <sphx_glr_auto_examples_plot_checkpoint.py>` (section "Meta-device init")
-# reproduces it and asserts the fix: load rank 0's full state dict with
-# ``set_model_state_dict(..., StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))``,
-# the same call section 2 uses above.
-#
-# 9. ``reshard_after_forward``: the default, and passing ``True``
-# ---------------------------------------------------------------
-# ``reshard_after_forward=None`` (the default) means ``True`` for every group except the root, which
-# keeps its parameters until backward, since backward needs them first (``FSDPState._lazy_init``).
-# Before pytorch #154704 (2025) an explicit ``True`` was clamped to ``False`` on the root as well;
-# since then it is respected (#154655), and #155319 made ``None`` the way to get the clamp.
-# Code that passes ``True`` everywhere, believing it is the default, now pays one more all-gather
-# per step: the root's, in backward. The ``reshard_after_forward`` page measures the memory side.
-
-
-def reshard_default(rank: guide.Rank, mesh, option: bool | None) -> dict:
-    model = sharding.apply_fsdp2(build_model(CFG, device=rank.device), mesh,
-                                 reshard_after_forward=option)
-    opt = make_optimizer("sgd", model.parameters())
-    with CollectiveLog(model) as log:
-        train_steps(model, opt, BATCHES[:1], rank)
-    # a forward, no backward: what does the root hold?
-    model(BATCHES[0, :, :-1].to(rank.device))
-    held = ("sharded (DTensor)" if isinstance(model.tok_emb.weight, DTensor)
-            else "unsharded (plain tensor)")
-    return {"all_gathers": log.count("all_gather"), "root holds after forward": held}
-
-
-# %%
-# 10. Calling a method other than ``forward``
-# -------------------------------------------
-# FSDP2 all-gathers a group's parameters in hooks around ``forward`` only. A method that computes
-# with the parameters without going through ``forward`` (a ``generate``, an ``embed``, a scoring
-# helper) meets them sharded, as ``DTensor``, next to plain tensors. pytorch #125394 added
-# ``register_fsdp_forward_method(model, "embed")``, which wraps the method in the same hooks.
-class EmbedLM(TinyLM):
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.tok_emb(tokens) + self.pos_emb(positions)
-
-
-def embed_lm() -> EmbedLM:
-    model = EmbedLM(CFG)
-    model.load_state_dict(build_model(CFG).state_dict())
-    return model
-
-
-EMBED_REFERENCE = embed_lm().embed(BATCHES[0, :, :-1]).detach()
-
-
-def other_method(rank: guide.Rank, mesh, register: bool) -> dict:
-    model = sharding.apply_fsdp2(embed_lm().to(rank.device), mesh)
-    if register:
-        register_fsdp_forward_method(model, "embed")  # right
-    tokens = rank_slice(BATCHES[0], rank.rank, rank.world_size).to(rank.device)
-    next_token_loss(model, tokens).backward()  # an ordinary forward and backward first
-    out, messages = caught(model.embed, BATCHES[0, :, :-1].to(rank.device))
-    return {"embed": None if out is None else out.detach(), "messages": messages}
-
-
-# %%
-# Running all of them
-# -------------------
-# One job, 2 ranks; each pitfall builds its own model, so they do not interfere. A wrong way that
-# raises does so on every rank alike, before any collective a peer would wait for.
-
-
-def worker(rank: guide.Rank) -> dict:
+def pitfall_3(rank: guide.Rank) -> dict:
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    return {
-        "1 wrong": optimizer_first(rank, mesh, build_optimizer_first=True),
-        "1 right": optimizer_first(rank, mesh, build_optimizer_first=False),
-        "2": tied_embeddings(rank, mesh),
-        "3": inplace_output(rank, mesh),
-        "4": grad_norms(rank, mesh),
-        "5 wrong": skip_sync(rank, mesh, fsdp2_way=False),
-        "5 right": skip_sync(rank, mesh, fsdp2_way=True),
-        "6 wrong": seeds(rank, mesh, same_seed=False),
-        "6 right": seeds(rank, mesh, same_seed=True),
-        "7 wrong": root_shard(rank, mesh, shard_root=False),
-        "7 right": root_shard(rank, mesh, shard_root=True),
-        "9": {option: reshard_default(rank, mesh, option)
-              for option in (None, True, False)},
-        "10 wrong": other_method(rank, mesh, register=False),
-        "10 right": other_method(rank, mesh, register=True),
-    }
+    return {"3": inplace_output(rank, mesh)}
 
 
-results = guide.launch(worker, WORLD_SIZE)
-R = results[0]  # rank 0's view; sections that compare ranks read `results`
-SUMMARY = []  # (pitfall, symptom, fix, asserted), one row per section
+run_pitfall(pitfall_3)
 
 # %%
-# 1. Outcome: the optimizer built before ``fully_shard``
-# ------------------------------------------------------
-run = "1. optimizer before fully_shard"
-wrong, right = R["1 wrong"], R["1 right"]
-assert_frozen(run, wrong["before"], wrong["after"], wrong["losses"], wrong["messages"])
-WAYS = {"optimizer first": "1 wrong", "fully_shard first": "1 right"}
-curves = {way: mean_over_ranks([res[key]["losses"] for res in results])
-          for way, key in WAYS.items()}
-curves["1 process"] = ONE_BATCH_REFERENCE[0]
-checks.assert_learns(run + " (fixed)", curves["fully_shard first"])
-checks.assert_losses_match(run + " (fixed)", curves["1 process"],
-                           curves["fully_shard first"])
-checks.assert_params_match(run + " (fixed)", ONE_BATCH_REFERENCE[1], right["after"],
-                           checks.PARAM_TOL["sgd"])
-print(report.table([[s, *(c[s] for c in curves.values())]
-                    for s in range(len(ONE_BATCH))],
-                   ["step", *curves], formats=dict.fromkeys(curves, ".4f"),
-                   title=f"loss on the same global batch (mean over ranks), "
-                         f"{len(ONE_BATCH)} SGD steps"))
-moved = max((wrong["after"][k] - wrong["before"][k]).abs().max().item()
-            for k in wrong["before"])
-# issue 23: unchecked, was asserted: pitfall reproduces
-FROZEN = dict(guard="computed", steps=len(ONE_BATCH), **RUN)
-said = ledger.claim("pitfalls.optimizer_first.messages", len(wrong["messages"]),
-                    "messages", **FROZEN)
-moved = ledger.claim("pitfalls.optimizer_first.param_change", moved, "absolute",
-                     **FROZEN)
-stuck = ledger.claim("pitfalls.optimizer_first.loss",
-                     round(curves["optimizer first"][0], 4), "nats", **FROZEN)
-print(f"\nthe wrong run: {said} warnings or errors; largest parameter change "
-      f"{moved:.1e}")
-SUMMARY.append([run, f"loss stays {stuck:.4f}, silently",
-                "optimizer after fully_shard", "frozen; fix = 1 process"])
-
-# %%
-# The loss, step by step: the wrong way is a flat line.
-plotting.style()
-fig, ax = plt.subplots(figsize=(7, 3.8))
-ax.plot(curves["1 process"], color=plotting.REFERENCE_COLOR, lw=5, alpha=0.3,
-        label="1 process")
-ax.plot(curves["fully_shard first"], "o-", color=sharding.Strategy.FSDP2.color,
-        label=f"optimizer built after fully_shard, {WORLD_SIZE} ranks")
-ax.plot(curves["optimizer first"], "s--", color="black",
-        label=f"optimizer built before fully_shard, {WORLD_SIZE} ranks")
-ax.set_xlabel("SGD step (same batch every step)")
-ax.set_ylabel("training loss (nats/token)")
-ax.set_title("Optimizer built before fully_shard: the loss never moves")
-ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-ax.legend()
-plt.show()
-
-# %%
-# 2. Outcome: tied embeddings
-# ---------------------------
-run = "2. tied embeddings"
-if torch_source_says("already managed by another FSDP group"):
-    error = assert_reproduces(run, R["2"]["messages"],
-                              "is shared with a parameter already managed by "
-                              "another FSDP group")
-    symptom, outcome = "ValueError: ...already managed by another FSDP group", "raises"
-else:  # an older torch: no error, and the tie is broken
-    broken = R["2"]["broken"]
-    checks.expect("pitfall reproduces", run,
-                  broken is not None and not broken["tied"] and not broken["messages"],
-                  f"torch {torch.__version__}: {broken}")
-    worst = assert_differs(run, TIED_REFERENCE[1], broken["params"],
-                           checks.PARAM_TOL["sgd"])
-    error = (f"torch {torch.__version__} says nothing; head.weight is no longer "
-             f"tok_emb.weight, and {STEPS} steps later the model is off the tied "
-             f"one by up to {worst:.1e}")
-    symptom, outcome = "none: the tie breaks silently", "untied"
-print(error)
-for r, res in enumerate(results):
-    checks.expect("tie kept", run + " (fixed)", all(res["2"]["tied"].values()),
-                  f"rank {r}: {res['2']['tied']}")
-checks.assert_learns(run + " (fixed)", R["2"]["losses"])
-tied_losses = mean_over_ranks([res["2"]["losses"] for res in results])
-tied_loss_gap = checks.assert_losses_match(run + " (fixed)", TIED_REFERENCE[0],
-                                           tied_losses)
-tied_param_gap = checks.assert_params_match(run + " (fixed)", TIED_REFERENCE[1],
-                                            R["2"]["params"], checks.PARAM_TOL["sgd"])
-tied_loss_gap = gap("tied_embeddings.fixed.loss_gap", tied_loss_gap, "nats",
-                    "loss equivalence", steps=STEPS)
-tied_param_gap = gap("tied_embeddings.fixed.param_gap", tied_param_gap, "absolute",
-                     "parameter equivalence", steps=STEPS)
-print(f"\nfully_shard([tok_emb, head]): head.weight is tok_emb.weight "
-      f"{R['2']['tied']}; against the tied single-process model: max |Δloss| "
-      f"{tied_loss_gap:.1e}, max |Δparam| {tied_param_gap:.1e}")
-SUMMARY.append([run, symptom, "fully_shard([tok_emb, head])",
-                f"{outcome}; fix = 1 process"])
-
-# %%
-# 3. Outcome: an in-place op on an FSDP2 module's output
-# ------------------------------------------------------
-# The warning comes first, at every forward of a module whose output is a view (printed once
-# here). With the default ``reshard_after_forward`` (``True`` for the layers) their parameters were
+# **Outcome.** The warning comes first, at every forward of a module whose output is a view
+# (printed once here). With the default ``reshard_after_forward`` (``True`` for the layers) their parameters were
 # freed after forward and never gathered again: backward fails, reading a freed storage. With
 # ``reshard_after_forward=False`` the parameters were never freed, so the missing all-gather goes
 # unnoticed: here backward runs and the gradients are right (measured), which hides the bug until
@@ -682,13 +459,52 @@ print(report.table([[name, ", ".join(r["grad types"] or ["-"]), gaps[name]]
                     for name, r in res.items()],
                    ["run", "gradient types", "max |Δgrad|"],
                    formats={"max |Δgrad|": ".1e"}))
-SUMMARY.append([run, ("UserWarning: ...returned a view tensor; " if "UserWarning" in warning
-                      else "") + error.split(":")[0],
-                "y = y + x, not y += x", "fails; fix = 1 process"])
 
 # %%
-# 4. Outcome: reading a gradient norm
-# -----------------------------------
+# .. _pitfalls-grad-norm:
+#
+# 4. Reading the local part of a gradient norm
+# --------------------------------------------
+# Under FSDP2 a gradient is a ``DTensor`` sharded over the ranks. ``p.grad.norm()`` returns a
+# ``DTensor`` too, with a *partial* placement (``_NormPartial``): each rank holds the norm of its
+# own shard, and only a reduction makes the norm. Reading it with ``.to_local()`` or through the
+# local tensor (per-layer gradient-norm logging does) gives each rank a different, too small number;
+# the squares of the ranks' values add up to the square of the norm. ``.full_tensor()`` reduces.
+# pytorch #170862 reported the same for the total norm ``clip_grad_norm_`` returns (torch 2.9);
+# torchtitan #766 for logged norms. On torch 2.13 ``clip_grad_norm_`` returns a replicated
+# ``DTensor`` whose local value is the norm; on torch 2.9 it is still partial. The page asserts
+# whichever this torch returns: the norm itself, or parts that add up to it. (The clipping itself
+# is the subject of the gradient-clipping page.)
+GRAD_MODEL = build_model(CFG)
+next_token_loss(GRAD_MODEL, BATCHES[0]).backward()
+NORM_REFERENCE = {n: p.grad.norm().item() for n, p in GRAD_MODEL.named_parameters()}
+TOTAL_NORM_REFERENCE = torch.nn.utils.get_total_norm(
+    [p.grad for p in GRAD_MODEL.parameters()]).item()
+
+
+def grad_norms(rank: guide.Rank, mesh) -> dict:
+    model = apply_fsdp2(build_model(CFG, device=rank.device), mesh)
+    tokens = rank_slice(BATCHES[0], rank.rank, rank.world_size)
+    next_token_loss(model, tokens).backward()
+    norms = {n: p.grad.norm() for n, p in model.named_parameters()}
+    total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=float("inf"))
+    return {"placements": {str(n.placements) for n in norms.values()},
+            "local": {n: v.to_local().item() for n, v in norms.items()},  # WRONG
+            "full": {n: v.full_tensor().item() for n, v in norms.items()},  # right
+            "clip placements": str(total.placements),
+            "clip local": total.to_local().item(),
+            "clip full": total.full_tensor().item()}
+
+
+def pitfall_4(rank: guide.Rank) -> dict:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    return {"4": grad_norms(rank, mesh)}
+
+
+run_pitfall(pitfall_4)
+
+# %%
+# **Outcome.**
 run = "4. local part of a norm"
 checks.expect("pitfall reproduces", run,
               all(len(res["4"]["placements"]) == 1 and
@@ -725,12 +541,59 @@ print(f"\np.grad.norm() placements: {next(iter(R['4']['placements']))}; "
       f"{R['4']['clip local']:.5f}, is "
       f"{'a part of the' if 'Partial' in R['4']['clip placements'] else 'the'} norm "
       f"(1 process: {total:.5f})")
-SUMMARY.append([run, "p.grad.norm().to_local() differs by rank", ".full_tensor()",
-                "partial; fix = 1 process"])
 
 # %%
-# 5. Outcome: ``no_sync``
-# -----------------------
+# .. _pitfalls-no-sync:
+#
+# 5. A DDP-style ``no_sync`` that does nothing
+# --------------------------------------------
+# Gradient accumulation code written for DDP skips the gradient all-reduce on all but the last
+# micro-batch with ``with model.no_sync():`` (which sets ``model.require_backward_grad_sync``).
+# An FSDP2 module has no ``no_sync``; code that guards it with ``isinstance(model, DDP)``, as
+# NVIDIA/cosmos-framework #161 shipped, silently reduces every micro-batch, and setting
+# ``require_backward_grad_sync`` on an FSDP2 module just creates an attribute nobody reads. The
+# result is still correct, but every micro-batch pays a full reduce-scatter. The FSDP2 call is
+# ``model.set_requires_gradient_sync(False)`` (``FSDPModule`` in ``_fully_shard.py``; the
+# gradient-accumulation page measures what it costs in memory). Counted with
+# :class:`guide.comm.CollectiveLog`, over ``K`` micro-batches per step:
+K = 2
+
+
+def skip_sync(rank: guide.Rank, mesh, fsdp2_way: bool) -> dict:
+    model = apply_fsdp2(build_model(CFG, device=rank.device), mesh)
+    _, messages = caught(lambda: model.no_sync())  # DDP's API
+    opt = make_optimizer("sgd", model.parameters())
+    with CollectiveLog(model) as log:
+        for micro in micro_batches(BATCHES, K):
+            opt.zero_grad(set_to_none=True)
+            for i, batch in enumerate(micro):
+                last = i == K - 1
+                skip = contextlib.nullcontext()
+                if fsdp2_way:
+                    model.set_requires_gradient_sync(last)  # right
+                else:  # WRONG: DDP's switches; the guard is False, the flag unread
+                    if isinstance(model, DDP) and not last:
+                        skip = model.no_sync()
+                    model.require_backward_grad_sync = last
+                with skip:
+                    tokens = rank_slice(batch, rank.rank, rank.world_size)
+                    (next_token_loss(model, tokens) / K).backward()
+            opt.step()
+    return {"messages": messages,
+            "reduce_scatters": log.count("reduce_scatter") / STEPS,
+            "params": full_state(model)}
+
+
+def pitfall_5(rank: guide.Rank) -> dict:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    return {"5 wrong": skip_sync(rank, mesh, fsdp2_way=False),
+        "5 right": skip_sync(rank, mesh, fsdp2_way=True)}
+
+
+run_pitfall(pitfall_5)
+
+# %%
+# **Outcome.**
 run = "5. DDP-style no_sync"
 wrong, right = R["5 wrong"], R["5 right"]
 error = assert_reproduces(run, wrong["messages"], "object has no attribute 'no_sync'")
@@ -761,12 +624,37 @@ print(report.table(list(calls.items()),
                    title=f"{K} micro-batches per step, {units} fully_shard groups; "
                    "both runs end at the 1-process parameters"))
 ddp_style = calls["no_sync / require_backward_grad_sync"]
-SUMMARY.append([run, f"AttributeError; {ddp_style} reduce-scatters/step",
-                "set_requires_gradient_sync", f"{K}x calls; fix = {units}/step"])
 
 # %%
-# 6. Outcome: different seeds
-# ---------------------------
+# .. _pitfalls-seed-per-rank:
+#
+# 6. Different seeds on different ranks
+# -------------------------------------
+# DDP broadcasts rank 0's weights when it wraps the model; ``fully_shard`` does not broadcast
+# anything: each rank keeps *its own rows* of whatever it built (``FSDPParam._init_sharded_param``
+# takes this rank's ``torch.chunk`` of the local tensor, no collective). Seed each rank differently
+# (``torch.manual_seed(rank)``, a common data-loading habit) and the model the ranks jointly hold is
+# a patchwork: rows of rank 0's model, then rows of rank 1's, a model no process ever built. Nothing
+# fails; the run is just not the one you seeded. The fix: build with the same seed everywhere (or
+# load one checkpoint).
+
+
+def seeds(rank: guide.Rank, mesh, same_seed: bool) -> dict:
+    seed = 0 if same_seed else rank.rank  # WRONG when it depends on the rank
+    model = apply_fsdp2(build_model(CFG, seed=seed, device=rank.device), mesh)
+    return full_state(model)
+
+
+def pitfall_6(rank: guide.Rank) -> dict:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    return {"6 wrong": seeds(rank, mesh, same_seed=False),
+        "6 right": seeds(rank, mesh, same_seed=True)}
+
+
+run_pitfall(pitfall_6)
+
+# %%
+# **Outcome.**
 run = "6. seed per rank"
 initial = full_state(build_model(CFG))
 seed_gap = assert_differs(run, initial, R["6 wrong"], 0.0)
@@ -785,12 +673,46 @@ seed_gap = ledger.claim("pitfalls.seed_per_rank.gap", round(seed_gap, 2), "absol
                         guard="computed", **RUN)
 print(f"tok_emb.weight as the ranks hold it: {origin}; worst gap to the seed-0 model "
       f"{seed_gap:.2f}")
-SUMMARY.append([run, "none: a patchwork of seeds", "same seed on every rank",
-                "patchwork; fix = seed 0"])
 
 # %%
-# 7. Outcome: the root ``fully_shard``
-# ------------------------------------
+# .. _pitfalls-no-root:
+#
+# 7. Forgetting the root ``fully_shard``
+# --------------------------------------
+# ``fully_shard`` on the blocks alone leaves the embeddings, the final norm and the head as plain
+# tensors, full size on every rank. Worse, nothing reduces their gradients: no DDP wraps them and no
+# FSDP group owns them, so each rank updates them from its own slice of the batch and the ranks'
+# copies drift apart. And each block, now a root itself, keeps its parameters unsharded from forward
+# to backward (a root's ``reshard_after_forward`` default is ``False``, ``FSDPState._lazy_init``).
+# The fix is the last line of every FSDP2 recipe: ``fully_shard(model, mesh=mesh)``.
+
+
+def root_shard(rank: guide.Rank, mesh, shard_root: bool) -> dict:
+    model = build_model(CFG, device=rank.device)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    if shard_root:
+        fully_shard(model, mesh=mesh)  # the line that is missing in the wrong way
+    opt = make_optimizer("sgd", model.parameters())
+    with CollectiveLog(model) as log:
+        losses = train_steps(model, opt, BATCHES, rank)
+    return {"losses": losses, "params": full_state(model),
+            "layouts": param_layouts(model, rank.rank),
+            "param_bytes": sum(local_tensor(p).nbytes for p in model.parameters()),
+            "all_gathers": log.count("all_gather") / STEPS,
+            "reduce_scatters": log.count("reduce_scatter") / STEPS}
+
+
+def pitfall_7(rank: guide.Rank) -> dict:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    return {"7 wrong": root_shard(rank, mesh, shard_root=False),
+        "7 right": root_shard(rank, mesh, shard_root=True)}
+
+
+run_pitfall(pitfall_7)
+
+# %%
+# **Outcome.**
 run = "7. no root fully_shard"
 wrong, right = R["7 wrong"], R["7 right"]
 plain = sorted({lay.name for lay in wrong["layouts"] if not lay.is_dtensor})
@@ -832,14 +754,55 @@ print(report.table([root_row("blocks only", "pitfalls.no_root", wrong),
                     root_row("blocks + root", "tinylm.2-blocks.fsdp2", right)],
                    ["fully_shard on", "params on rank 0 (KiB)", "all-gathers/step",
                     "reduce-scatters/step"], formats={"params on rank 0 (KiB)": ".1f"}))
-SUMMARY.append([run, f"none: ranks drift apart ({drift:.1e})",
-                "fully_shard(model) last", "drift; fix = 1 process"])
-SUMMARY.append(["8. meta-device init", "none: not the 1-process model",
-                "broadcast_from_rank0", "on the checkpoint page"])
 
 # %%
-# 9. Outcome: ``reshard_after_forward``
-# -------------------------------------
+# .. _pitfalls-meta-init:
+#
+# 8. Meta-device init without a broadcast
+# ---------------------------------------
+# Building a large model on the ``meta`` device, sharding it, then ``to_empty()`` and
+# ``reset_parameters()`` is the memory-saving way to start; but each rank then draws its *local*
+# shard from its own generator (with the same seed everywhere, every rank's shard holds the same
+# values), and the model the ranks hold is not the single-process one. The
+# :ref:`checkpoint page <sphx_glr_auto_examples_plot_checkpoint.py>` (section "Meta-device init")
+# reproduces it and asserts the fix: load rank 0's full state dict with
+# ``set_model_state_dict(..., StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))``,
+# the same call section 2 uses above.
+#
+# .. _pitfalls-reshard-default:
+#
+# 9. ``reshard_after_forward``: the default, and passing ``True``
+# ---------------------------------------------------------------
+# ``reshard_after_forward=None`` (the default) means ``True`` for every group except the root, which
+# keeps its parameters until backward, since backward needs them first (``FSDPState._lazy_init``).
+# Before pytorch #154704 (2025) an explicit ``True`` was clamped to ``False`` on the root as well;
+# since then it is respected (#154655), and #155319 made ``None`` the way to get the clamp.
+# Code that passes ``True`` everywhere, believing it is the default, now pays one more all-gather
+# per step: the root's, in backward. The ``reshard_after_forward`` page measures the memory side.
+
+
+def reshard_default(rank: guide.Rank, mesh, option: bool | None) -> dict:
+    model = apply_fsdp2(build_model(CFG, device=rank.device), mesh,
+                                 reshard_after_forward=option)
+    opt = make_optimizer("sgd", model.parameters())
+    with CollectiveLog(model) as log:
+        train_steps(model, opt, BATCHES[:1], rank)
+    # a forward, no backward: what does the root hold?
+    model(BATCHES[0, :, :-1].to(rank.device))
+    held = ("sharded (DTensor)" if isinstance(model.tok_emb.weight, DTensor)
+            else "unsharded (plain tensor)")
+    return {"all_gathers": log.count("all_gather"), "root holds after forward": held}
+
+
+def pitfall_9(rank: guide.Rank) -> dict:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    return {"9": {option: reshard_default(rank, mesh, option) for option in (None, True, False)}}
+
+
+run_pitfall(pitfall_9)
+
+# %%
+# **Outcome.**
 run = "9. reshard_after_forward=True"
 default = inspect.signature(fully_shard).parameters["reshard_after_forward"].default
 counts = {option: R["9"][option]["all_gathers"] for option in (None, True, False)}
@@ -863,12 +826,51 @@ print(report.table([[repr(o), counts[o], R["9"][o]["root holds after forward"]]
                     for o in counts],
                    ["reshard_after_forward", "all-gathers per step",
                     "root's tok_emb after forward"]))
-SUMMARY.append([run, f"{counts[True]} all-gathers/step, not {counts[None]}",
-                "leave the default, None", "counts = semantics"])
 
 # %%
-# 10. Outcome: a method other than ``forward``
-# --------------------------------------------
+# .. _pitfalls-other-method:
+#
+# 10. Calling a method other than ``forward``
+# -------------------------------------------
+# FSDP2 all-gathers a group's parameters in hooks around ``forward`` only. A method that computes
+# with the parameters without going through ``forward`` (a ``generate``, an ``embed``, a scoring
+# helper) meets them sharded, as ``DTensor``, next to plain tensors. pytorch #125394 added
+# ``register_fsdp_forward_method(model, "embed")``, which wraps the method in the same hooks.
+class EmbedLM(TinyLM):
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.tok_emb(tokens) + self.pos_emb(positions)
+
+
+def embed_lm() -> EmbedLM:
+    model = EmbedLM(CFG)
+    model.load_state_dict(build_model(CFG).state_dict())
+    return model
+
+
+EMBED_REFERENCE = embed_lm().embed(BATCHES[0, :, :-1]).detach()
+
+
+def other_method(rank: guide.Rank, mesh, register: bool) -> dict:
+    model = apply_fsdp2(embed_lm().to(rank.device), mesh)
+    if register:
+        register_fsdp_forward_method(model, "embed")  # right
+    tokens = rank_slice(BATCHES[0], rank.rank, rank.world_size).to(rank.device)
+    next_token_loss(model, tokens).backward()  # an ordinary forward and backward first
+    out, messages = caught(model.embed, BATCHES[0, :, :-1].to(rank.device))
+    return {"embed": None if out is None else out.detach(), "messages": messages}
+
+
+def pitfall_10(rank: guide.Rank) -> dict:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    return {"10 wrong": other_method(rank, mesh, register=False),
+        "10 right": other_method(rank, mesh, register=True)}
+
+
+run_pitfall(pitfall_10)
+
+# %%
+# **Outcome.**
 run = "10. method other than forward"
 error = assert_reproduces(run, R["10 wrong"]["messages"],
                           "got mixed torch.Tensor and DTensor")
@@ -878,15 +880,6 @@ embed_gap = checks.assert_params_match(run + " (fixed)", {"embed": EMBED_REFEREN
                                        check="method output")
 embed_gap = gap("other_method.fixed.gap", embed_gap, "absolute", "method output")
 print(f"\nwith register_fsdp_forward_method: max |Δ| to 1 process {embed_gap:.1e}")
-SUMMARY.append([run, "RuntimeError: ...got mixed torch.Tensor and DTensor",
-                "register_fsdp_forward_method", "raises; fix = 1 process"])
-
-# %%
-# Summary
-# -------
-# Every row but the eighth (asserted on the checkpoint page) was reproduced, and fixed, when this
-# page was built.
-print(report.table(SUMMARY, ["pitfall", "symptom (as measured)", "fix", "asserted"]))
 
 # sphinx_gallery_thumbnail_number = 1
 
