@@ -83,6 +83,7 @@ report.show(report.table([[Link(name, f"#pitfalls-{label}"), symptom, fix]
 # :mod:`guide.pitfalls`, each tested on a run that did *not* go wrong.
 import contextlib
 import inspect
+import re
 
 import matplotlib.pyplot as plt
 from torch.distributed.checkpoint.state_dict import (
@@ -201,7 +202,8 @@ print(report.table([[s, *(c[s] for c in curves.values())]
                     for s in range(len(ONE_BATCH))],
                    ["step", *curves], formats=dict.fromkeys(curves, ".4f"),
                    title=f"loss on the same global batch (mean over ranks), "
-                         f"{len(ONE_BATCH)} SGD steps"))
+                         f"{len(ONE_BATCH)} SGD steps",
+                   record=ledger, name="pitfalls.optimizer_first.losses", **RUN))
 moved = max((wrong["after"][k] - wrong["before"][k]).abs().max().item()
             for k in wrong["before"])
 # computed: assert_frozen above checked both are exactly 0 (a bound of 0 is no allowance, so
@@ -444,6 +446,17 @@ if torch_source_says("returned a view tensor"):
 else:
     warning = f"(torch {torch.__version__} gives no warning first)"
 print(warning, error, sep="\n\n")
+# the sizes torch names are a layer's freed weight: d x d fp32 elements, 4 bytes each
+said = re.search(r"itemsize (\d+) requiring a storage size of (\d+)", error)
+if said:
+    weight = residual(False).layers[0].lin.weight
+    RESIDUAL_RUN = dict(model="residual-3-linear", optimizer="none", world_size=WORLD_SIZE)
+    for claim, got, want, what in (("itemsize", said[1], weight.element_size(), "itemsize"),
+                                   ("storage_bytes", said[2],
+                                    weight.numel() * weight.element_size(), "storage size")):
+        ledger.record(f"pitfalls.inplace_output.error.{claim}", checks.expect_close(
+            "pitfall reproduces", run, int(got), want, 0, what=what, unit="bytes",
+            against="the layer's fp32 weight"), fmt=".0f", **RESIDUAL_RUN)
 checks.expect("hidden by no reshard", run,
               res["in place, no reshard"]["grads"] is not None,
               f"backward failed: {res['in place, no reshard']['messages']}")
@@ -525,7 +538,8 @@ for name, ref in NORM_REFERENCE.items():
     rows.append([name, ref, R["4"]["full"][name], *local])
 norms = ["1 process", "full_tensor()", *(f"to_local() r{r}" for r in range(WORLD_SIZE))]
 print(report.table(rows[:4] + rows[-1:], ["parameter", *norms],
-                   formats=dict.fromkeys(norms, ".5f")))
+                   formats=dict.fromkeys(norms, ".5f"), record=ledger,
+                   name="pitfalls.grad_norm.by_parameter", step=0, **RUN))
 clip_local = [res["4"]["clip local"] for res in results]
 if R["4"]["clip placements"].startswith("(_NormPartial("):  # pytorch #170862 (2.9)
     assert_partial(run + ": clip_grad_norm_", clip_local, TOTAL_NORM_REFERENCE,
@@ -668,8 +682,7 @@ checks.expect("pitfall reproduces", run,
               torch.equal(R["6 wrong"]["tok_emb.weight"], patch),
               "the jointly held tok_emb is not rank r's rows of seed r's model")
 checks.assert_same_init(run + " (fixed)", initial, R["6 right"])
-origin = ", ".join(f"rows {sum(chunks[:r])}-{sum(chunks[:r + 1]) - 1} from seed {r}"
-                   for r in range(WORLD_SIZE))
+origin = ", ".join(f"rank {r}'s chunk of rows from seed {r}" for r in range(WORLD_SIZE))
 # the gap one process predicts: every parameter's rows cut as fully_shard cuts dim 0, rank r's
 # from seed r's model, against the seed-0 model
 by_seed = [full_state(build_model(CFG, seed=r)) for r in range(WORLD_SIZE)]
