@@ -17,7 +17,9 @@ for a GPU. Each section makes one mistake on purpose, shows its symptom as torch
 error or warning you would paste into a search box, or the number that is silently wrong), runs
 the fix, and asserts both: **the wrong way must still go wrong** (else the build fails with
 ``[pitfall reproduces]`` naming the section to update), and **the right way must be right**
-(equal to a single process, or counted to be what the semantics require).
+(equal to a single process, or counted to be what the semantics require). Under each section's
+code, its outcome as the run printed it; the checks that produced it are in the page's source
+(download it below) and :mod:`guide.pitfalls`.
 """
 
 # %%
@@ -186,6 +188,8 @@ run_pitfall(pitfall_1)
 
 # %%
 # **Outcome.**
+
+# sphinx_gallery_start_ignore
 run = "1. optimizer before fully_shard"
 wrong, right = R["1 wrong"], R["1 right"]
 assert_frozen(run, wrong["before"], wrong["after"], wrong["losses"], wrong["messages"])
@@ -220,9 +224,12 @@ stuck = ledger.record("pitfalls.optimizer_first.loss", checks.expect_close(
     against="the 1-process loss at initialisation"), fmt=".4f", **FROZEN)
 print(f"\nthe wrong run: {said} warnings or errors; largest parameter change "
       f"{moved:.1e}")
+# sphinx_gallery_end_ignore
 
 # %%
 # The loss, step by step: the wrong way is a flat line.
+
+# sphinx_gallery_start_ignore
 plotting.style()
 fig, ax = plt.subplots(figsize=(7, 3.8))
 ax.plot(curves["1 process"], color=plotting.REFERENCE_COLOR, lw=5, alpha=0.3,
@@ -237,6 +244,7 @@ ax.set_title("Optimizer built before fully_shard: the loss never moves")
 ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
 ax.legend()
 plt.show()
+# sphinx_gallery_end_ignore
 
 # %%
 # .. _pitfalls-tied-embeddings:
@@ -310,6 +318,8 @@ run_pitfall(pitfall_2)
 
 # %%
 # **Outcome.**
+
+# sphinx_gallery_start_ignore
 run = "2. tied embeddings"
 if torch_source_says("already managed by another FSDP group"):
     error = assert_reproduces(run, R["2"]["messages"],
@@ -344,6 +354,7 @@ tied_param_gap = gap("tied_embeddings.fixed.param_gap", tied_param_gap, "absolut
 print(f"\nfully_shard([tok_emb, head]): head.weight is tok_emb.weight "
       f"{R['2']['tied']}; against the tied single-process model: max |Δloss| "
       f"{tied_loss_gap:.1e}, max |Δparam| {tied_param_gap:.1e}")
+# sphinx_gallery_end_ignore
 
 # %%
 # .. _pitfalls-inplace-output:
@@ -438,6 +449,8 @@ run_pitfall(pitfall_3)
 # all-gather goes unnoticed: here backward runs and the gradients are right (measured), which hides
 # the bug until someone turns resharding back on. Out of place, every gradient equals the
 # single-process one either way.
+
+# sphinx_gallery_start_ignore
 run = "3. in-place op on an FSDP2 output"
 res = R["3"]
 error = assert_reproduces(run, res["in place"]["messages"], "RuntimeError")
@@ -476,6 +489,7 @@ print(report.table([[name, ", ".join(r["grad types"] or ["-"]), gaps[name]]
                     for name, r in res.items()],
                    ["run", "gradient types", "max |Δgrad|"],
                    formats={"max |Δgrad|": ".1e"}))
+# sphinx_gallery_end_ignore
 
 # %%
 # .. _pitfalls-grad-norm:
@@ -522,6 +536,8 @@ run_pitfall(pitfall_4)
 
 # %%
 # **Outcome.**
+
+# sphinx_gallery_start_ignore
 run = "4. local part of a norm"
 checks.expect("pitfall reproduces", run,
               all(len(res["4"]["placements"]) == 1 and
@@ -560,6 +576,7 @@ print(f"\np.grad.norm() placements: {next(iter(R['4']['placements']))}; "
       f"{R['4']['clip local']:.5f}, is "
       f"{'a part of the' if 'Partial' in R['4']['clip placements'] else 'the'} norm "
       f"(the norm: {total:.5f}, as 1 process)")
+# sphinx_gallery_end_ignore
 
 # %%
 # .. _pitfalls-no-sync:
@@ -613,6 +630,8 @@ run_pitfall(pitfall_5)
 
 # %%
 # **Outcome.**
+
+# sphinx_gallery_start_ignore
 run = "5. DDP-style no_sync"
 wrong, right = R["5 wrong"], R["5 right"]
 error = assert_reproduces(run, wrong["messages"], "object has no attribute 'no_sync'")
@@ -640,6 +659,7 @@ print(report.table(list(calls.items()),
                    title=f"{K} micro-batches per step, {units} fully_shard groups; "
                    "both runs end at the 1-process parameters"))
 ddp_style = calls["no_sync / require_backward_grad_sync"]
+# sphinx_gallery_end_ignore
 
 # %%
 # .. _pitfalls-seed-per-rank:
@@ -671,6 +691,8 @@ run_pitfall(pitfall_6)
 
 # %%
 # **Outcome.**
+
+# sphinx_gallery_start_ignore
 run = "6. seed per rank"
 initial = full_state(build_model(CFG))
 seed_gap = assert_differs(run, initial, R["6 wrong"], 0.0)
@@ -701,6 +723,7 @@ seed_gap = ledger.record("pitfalls.seed_per_rank.gap", checks.expect_close(
     unit="absolute", against="the patchwork of seeds built in one process"), fmt=".2f", **RUN)
 print(f"tok_emb.weight as the ranks hold it: {origin}; worst gap to the seed-0 model "
       f"{seed_gap:.2f}")
+# sphinx_gallery_end_ignore
 
 # %%
 # .. _pitfalls-no-root:
@@ -741,6 +764,8 @@ run_pitfall(pitfall_7)
 
 # %%
 # **Outcome.**
+
+# sphinx_gallery_start_ignore
 run = "7. no root fully_shard"
 wrong, right = R["7 wrong"], R["7 right"]
 plain = sorted({lay.name for lay in wrong["layouts"] if not lay.is_dtensor})
@@ -783,6 +808,7 @@ print(report.table([root_row("blocks only", "pitfalls.no_root", wrong),
                     root_row("blocks + root", "tinylm.2-blocks.fsdp2", right)],
                    ["fully_shard on", "params on rank 0 (KiB)", "all-gathers/step",
                     "reduce-scatters/step"], formats={"params on rank 0 (KiB)": ".1f"}))
+# sphinx_gallery_end_ignore
 
 # %%
 # .. _pitfalls-meta-init:
@@ -832,6 +858,8 @@ run_pitfall(pitfall_9)
 
 # %%
 # **Outcome.**
+
+# sphinx_gallery_start_ignore
 run = "9. reshard_after_forward=True"
 default = inspect.signature(fully_shard).parameters["reshard_after_forward"].default
 counts = {option: R["9"][option]["all_gathers"] for option in (None, True, False)}
@@ -856,6 +884,7 @@ print(report.table([[repr(o), counts[o], R["9"][o]["root holds after forward"]]
                     for o in counts],
                    ["reshard_after_forward", "all-gathers per step",
                     "root's tok_emb after forward"]))
+# sphinx_gallery_end_ignore
 
 # %%
 # .. _pitfalls-other-method:
@@ -901,6 +930,8 @@ run_pitfall(pitfall_10)
 
 # %%
 # **Outcome.**
+
+# sphinx_gallery_start_ignore
 run = "10. method other than forward"
 error = assert_reproduces(run, R["10 wrong"]["messages"],
                           "got mixed torch.Tensor and DTensor")
@@ -912,6 +943,7 @@ embed_gap = gap("other_method.fixed.gap", embed_gap, "absolute", "method output"
 print(f"\nwith register_fsdp_forward_method: max |Δ| to 1 process {embed_gap:.1e}")
 
 # sphinx_gallery_thumbnail_number = 1
+# sphinx_gallery_end_ignore
 
 # %%
 # A check that fails stops the page with its name, so this line prints only when every check
