@@ -44,6 +44,8 @@ def apply_fsdp2(model: nn.Module, mesh, **options) -> nn.Module:
 # Symptom → fix
 # -------------
 # Each row links to its section; every symptom is reproduced there by this page's run.
+
+# sphinx_gallery_start_ignore
 from guide import report
 from guide.report import Link
 
@@ -74,6 +76,7 @@ SYMPTOMS = [  # (section label, pitfall, symptom, fix)
 report.show(report.table([[Link(name, f"#pitfalls-{label}"), symptom, fix]
                           for label, name, symptom, fix in SYMPTOMS],
                          ["pitfall", "symptom", "fix"]))
+# sphinx_gallery_end_ignore
 
 # %%
 # Setup

@@ -89,6 +89,17 @@ def test_symptom_table_comes_first_and_links_every_section(page: dict) -> None:
     assert "register_fsdp_forward_method(model, name)" in page["OUTPUT"]
 
 
+def test_symptom_links_render_as_anchors_and_text() -> None:
+    """A :class:`guide.report.Link` cell is an anchor in HTML and its plain text elsewhere."""
+    from guide import report
+
+    t = report.table([[report.Link("no root fully_shard", "#pitfalls-no-root"), "drift"]],
+                     ["pitfall", "symptom"])
+    assert '<a class="reference internal" href="#pitfalls-no-root">no root fully_shard</a>' \
+        in t._repr_html_()
+    assert "no root fully_shard  drift" in t and "href" not in t
+
+
 # -- wrong-way checks reject the fixed runs -------------------------------------------------------
 
 def test_frozen_check_rejects_a_run_that_trained(page: dict) -> None:
