@@ -1,5 +1,5 @@
-"""The pitfalls page (``examples/plot_pitfalls.py``): every check that decides "the wrong way still
-goes wrong" or "the right way is right" bites.
+"""The pitfalls page (``examples/plot_pitfalls.py``) and :mod:`guide.pitfalls`: every check that
+decides "the wrong way still goes wrong" or "the right way is right" bites.
 
 The page runs once, in this process (as sphinx-gallery runs it), and its own results are then fed
 crosswise to its checks: each wrong-way check must reject the fixed run's data, and each right-way
@@ -22,7 +22,7 @@ import torch
 from conftest import EXAMPLES
 from torch.distributed.fsdp._fully_shard import _fsdp_state
 
-from guide import checks
+from guide import checks, pitfalls
 from guide.checks import CheckFailed
 
 PAGE = EXAMPLES / "plot_pitfalls.py"
@@ -78,9 +78,26 @@ def test_page_prints_each_symptom_verbatim(page: dict, symptom: str) -> None:
     assert symptom in page["OUTPUT"]
 
 
-def test_summary_has_a_row_per_pitfall(page: dict) -> None:
-    assert [row[0].split(".")[0] for row in page["SUMMARY"]] == [str(i) for i in range(1, 11)]
-    assert "pitfall" in page["OUTPUT"] and "10. method other than forward" in page["OUTPUT"]
+def test_symptom_table_comes_first_and_links_every_section(page: dict) -> None:
+    """The symptom -> fix table is printed before any run, one row per pitfall, and each row's
+    link names a label the page defines (a section heading)."""
+    source = PAGE.read_text()
+    assert len(page["SYMPTOMS"]) == 10
+    for label, *_ in page["SYMPTOMS"]:
+        assert f"# .. _pitfalls-{label}:" in source, label
+    assert page["OUTPUT"].index("symptom") < page["OUTPUT"].index("torch ")
+    assert "register_fsdp_forward_method(model, name)" in page["OUTPUT"]
+
+
+def test_symptom_links_render_as_anchors_and_text() -> None:
+    """A :class:`guide.report.Link` cell is an anchor in HTML and its plain text elsewhere."""
+    from guide import report
+
+    t = report.table([[report.Link("no root fully_shard", "#pitfalls-no-root"), "drift"]],
+                     ["pitfall", "symptom"])
+    assert '<a class="reference internal" href="#pitfalls-no-root">no root fully_shard</a>' \
+        in t._repr_html_()
+    assert "no root fully_shard" in t and "drift" in t and "href" not in t
 
 
 # -- wrong-way checks reject the fixed runs -------------------------------------------------------
@@ -88,7 +105,7 @@ def test_summary_has_a_row_per_pitfall(page: dict) -> None:
 def test_frozen_check_rejects_a_run_that_trained(page: dict) -> None:
     right = page["R"]["1 right"]
     with pytest.raises(CheckFailed, match=REPRODUCES + r" 1\.: .*parameters moved by"):
-        page["assert_frozen"]("1.", right["before"], right["after"], right["losses"],
+        pitfalls.assert_frozen("1.", right["before"], right["after"], right["losses"],
                               right["messages"])
 
 
@@ -97,24 +114,24 @@ def test_reproduces_check_rejects_runs_without_the_error(page: dict) -> None:
     # warned (where this torch warns), but did not fail
     assert any("returned a view tensor" in m for m in out_of_place) == _VIEWS_WARNED
     with pytest.raises(CheckFailed, match=REPRODUCES + r" 3\.: .*no longer says 'RuntimeError'"):
-        page["assert_reproduces"]("3.", out_of_place, "RuntimeError")
+        pitfalls.assert_reproduces("3.", out_of_place, "RuntimeError")
     with pytest.raises(CheckFailed, match=REPRODUCES):
-        page["assert_reproduces"]("10.", page["R"]["10 right"]["messages"], "got mixed")
+        pitfalls.assert_reproduces("10.", page["R"]["10 right"]["messages"], "got mixed")
 
 
 def test_differs_check_rejects_fixed_runs(page: dict) -> None:
     initial = page["full_state"](page["build_model"](page["CFG"]))
     with pytest.raises(CheckFailed, match=REPRODUCES + r" 6\.: .*now matches the right one"):
-        page["assert_differs"]("6.", initial, page["R"]["6 right"], 0.0)
+        pitfalls.assert_differs("6.", initial, page["R"]["6 right"], 0.0)
     rank0, rank1 = (r["params"] for r in _per_rank(page, "7 right")[:2])
     with pytest.raises(CheckFailed, match=REPRODUCES + r" 7\.:"):
-        page["assert_differs"]("7.", rank0, rank1, 0.0)
+        pitfalls.assert_differs("7.", rank0, rank1, 0.0)
 
 
 def test_partial_norm_check_rejects_full_norms(page: dict) -> None:
     full = page["R"]["4"]["full"]["head.weight"]
     with pytest.raises(CheckFailed, match=REPRODUCES + r" 4\.: .*every rank's local norm"):
-        page["assert_partial"]("4.", [r["full"]["head.weight"] for r in _per_rank(page, "4")],
+        pitfalls.assert_partial("4.", [r["full"]["head.weight"] for r in _per_rank(page, "4")],
                                full, checks.LOSS_TOL)
 
 
@@ -167,10 +184,10 @@ def test_counts_tell_the_ways_apart(page: dict) -> None:
     assert r["7 wrong"]["all_gathers"] != r["7 right"]["all_gathers"]
 
 
-# -- the page's check functions, edge cases -------------------------------------------------------
+# -- guide.pitfalls, edge cases (no page needed) -------------------------------------------------------
 
-def test_reproduces_needs_the_exact_words(page: dict) -> None:
-    check = page["assert_reproduces"]
+def test_reproduces_needs_the_exact_words() -> None:
+    check = pitfalls.assert_reproduces
     assert check("p", ["UserWarning: x", "ValueError: it is shared"], "is shared") == \
         "ValueError: it is shared"
     for messages in ([], ["ValueError: it is Shared"], ["something else"]):
@@ -178,8 +195,8 @@ def test_reproduces_needs_the_exact_words(page: dict) -> None:
             check("p", messages, "is shared")
 
 
-def test_differs_needs_a_gap_above_the_tolerance(page: dict) -> None:
-    check = page["assert_differs"]
+def test_differs_needs_a_gap_above_the_tolerance() -> None:
+    check = pitfalls.assert_differs
     ref = {"w": torch.zeros(3), "b": torch.ones(2)}
     for gap in (0.0, 1e-6):  # equal, and exactly at the tolerance (float64: exact): not "different"
         with pytest.raises(CheckFailed, match=REPRODUCES):
@@ -191,8 +208,8 @@ def test_differs_needs_a_gap_above_the_tolerance(page: dict) -> None:
                                        "b": torch.ones(2)}, 1e-6))
 
 
-def test_frozen_needs_bitwise_rest_and_silence(page: dict) -> None:
-    check = page["assert_frozen"]
+def test_frozen_needs_bitwise_rest_and_silence() -> None:
+    check = pitfalls.assert_frozen
     before = {"w": torch.ones(4)}
     check("p", before, {"w": torch.ones(4)}, [5.0, 5.0, 5.0], [])
     cases = [({"w": torch.ones(4) + 1e-7}, [5.0, 5.0], []),  # moved a little
@@ -205,8 +222,8 @@ def test_frozen_needs_bitwise_rest_and_silence(page: dict) -> None:
             check("p", before, after, losses, messages)
 
 
-def test_partial_needs_rank_dependent_parts_of_the_norm(page: dict) -> None:
-    check = page["assert_partial"]
+def test_partial_needs_rank_dependent_parts_of_the_norm() -> None:
+    check = pitfalls.assert_partial
     check("p", [0.6, 0.8], 1.0, 1e-5)
     check("p", [1.0, 0.0], 1.0, 1e-5)  # one rank holds all of it (pos_emb rows no token reaches)
     with pytest.raises(CheckFailed, match=REPRODUCES):
@@ -216,8 +233,8 @@ def test_partial_needs_rank_dependent_parts_of_the_norm(page: dict) -> None:
             check("p", local, 1.0, 1e-5)
 
 
-def test_caught_keeps_errors_and_warnings_as_text(page: dict) -> None:
-    caught = page["caught"]
+def test_caught_keeps_errors_and_warnings_as_text() -> None:
+    caught = pitfalls.caught
 
     def noisy(x: int) -> int:
         warnings.warn("careful", UserWarning)

@@ -25,14 +25,27 @@ from typing import Any
 
 from guide.checked import Checked
 
-__all__ = ["Table", "WIDTH", "conclusion", "show", "table"]
+__all__ = ["Link", "Table", "WIDTH", "conclusion", "show", "table"]
 
 #: Columns a printed conclusion wraps at (fits the content column of a page at 1440 px).
 WIDTH = 88
 _SLUG = re.compile(r"[^a-z0-9_.\-]+")
 
 
+class Link(str):
+    """A table cell that links to ``href`` in HTML (e.g. ``"#a-section"``); plain text elsewhere."""
+
+    href: str
+
+    def __new__(cls, text: str, href: str) -> Link:
+        self = super().__new__(cls, text)
+        self.href = href
+        return self
+
+
 def _cell(value: Any, fmt: str | None) -> str:
+    if isinstance(value, Link):
+        return value
     if fmt is not None and value is not None and not isinstance(value, str):
         return format(value, fmt)
     if isinstance(value, bool) or value is None:
@@ -70,7 +83,12 @@ class Table(str):
         right = ' style="text-align:right"'
         head = "".join(f"<th{'' if i == 0 else right}>{e(c)}</th>"
                        for i, c in enumerate(self.columns))
-        body = "".join("<tr>" + "".join(f"<td{'' if i == 0 else right}>{e(v)}</td>"
+        def cell(v: str) -> str:
+            if isinstance(v, Link):
+                return f'<a class="reference internal" href="{e(v.href)}">{e(v)}</a>'
+            return e(v)
+
+        body = "".join("<tr>" + "".join(f"<td{'' if i == 0 else right}>{cell(v)}</td>"
                                         for i, v in enumerate(row)) + "</tr>"
                        for row in self.cells)
         caption = f"<caption>{e(self.title)}</caption>" if self.title else ""
