@@ -93,7 +93,7 @@ def save(model, opt, path) -> None:
 # Loading is the same call in reverse: ``get_state_dict`` on the *new* model gives DTensors (or
 # plain tensors) of the new layout, ``dcp.load`` fills them in place from whichever saved chunks
 # overlap each rank's rows, and ``set_state_dict`` hands them to the model and the optimizer.
-# :func:`guide.checkpoint.verify` runs first: every file whole, every tensor's name and global shape
+# :func:`guide.checkpoint_verify.verify` runs first: every file whole, every tensor's name and global shape
 # what this model expects, or an error naming the file or the parameter (see "Faults" below).
 # :class:`guide.checkpoint.CountingReader` is DCP's file reader that also counts the bytes it reads.
 def load(model, opt, path, no_dist: bool = False, with_optimizer: bool = True) -> int:
@@ -649,7 +649,7 @@ print(f"reset_parameters() on {len(meta)} ranks' shards: max |Δ| to the single-
 # through :func:`guide.checkpoint.publishing`, the crash leaves a ``.partial`` directory and the
 # previous checkpoint intact: :func:`guide.checkpoint.latest` returns it and it loads bit for bit. A
 # truncated or corrupted shard, a missing ``.metadata``, a checkpoint of a model with one layer more
-# or fewer or another hidden size: each fails :func:`guide.checkpoint.verify` with the file or the
+# or fewer or another hidden size: each fails :func:`guide.checkpoint_verify.verify` with the file or the
 # parameter named and what was expected, on every rank at once (plain DCP loads the corrupted shard
 # and the smaller model silently). ``benchmarks/fault_table.py`` lists them with their messages.
 if not guide.under_torchrun():
