@@ -2,9 +2,9 @@
 
 Each guard is proven the way it is meant to work: the fault is injected into a real DCP checkpoint
 and the guard must raise :class:`guide.checkpoint_verify.CheckpointError` naming the file or
-parameter and what was expected. Where the module docstring claims plain DCP misses a fault (a flipped byte, a
-model one layer smaller, a save that dies in place), a control test measures that claim too, so the
-guard is known to be needed.
+parameter and what was expected. Where the module docstring claims plain DCP misses a fault (a
+flipped byte, a model one layer smaller, a save that dies in place), a control test measures that
+claim too, so the guard is known to be needed.
 
 Single-process checkpoints (``no_dist=True``) keep most tests fast; the behaviours that need ranks
 (a rank killed in the middle of ``dcp.save``, a bad checkpoint failing every rank without a hang)
