@@ -2,6 +2,18 @@
 Checkpoints that survive a change of world size
 ===============================================
 
+.. admonition:: Verdict
+   :class: tip
+
+   Save with ``dcp.save`` of ``get_state_dict(model, optimizer)`` (model **and** optimizer), into a
+   new directory per step, published by a rename only once every rank finished; load with
+   ``dcp.load`` at any world size (bit for bit here). Use ``dcp.async_save`` when the write stalls
+   training: it returned :claim:`checkpoint.big.async_save.saved_ms <unit>` sooner than ``dcp.save``
+   here. Avoid ``full_state_dict=True`` for training checkpoints: rank 0 held the whole model state
+   (:claim:`checkpoint.big.full_state_dict.peak_bytes <unit>` at peak); keep it for exporting one
+   file, and ``torch.load`` it with ``weights_only=True``.
+   Measured on CPU gloo processes (tiny models, two shared cores); this page predicts nothing.
+
 After "does it fit?", the question FSDP2 users ask most is "can I stop, and resume on a different
 number of GPUs?" (torchtitan #811 and #850, accelerate #3971, torchtitan #1058). Tutorials show the
 API; this page proves the answer. It trains FSDP2 on 4 ranks with AdamW, saves the model **and** the
@@ -93,8 +105,9 @@ def save(model, opt, path) -> None:
 # Loading is the same call in reverse: ``get_state_dict`` on the *new* model gives DTensors (or
 # plain tensors) of the new layout, ``dcp.load`` fills them in place from whichever saved chunks
 # overlap each rank's rows, and ``set_state_dict`` hands them to the model and the optimizer.
-# :func:`guide.checkpoint_verify.verify` runs first: every file whole, every tensor's name and global shape
-# what this model expects, or an error naming the file or the parameter (see "Faults" below).
+# :func:`guide.checkpoint_verify.verify` runs first: every file whole, every tensor's name and
+# global shape what this model expects, or an error naming the file or the parameter (see "Faults"
+# below).
 # :class:`guide.checkpoint.CountingReader` is DCP's file reader that also counts the bytes it reads.
 def load(model, opt, path, no_dist: bool = False, with_optimizer: bool = True) -> int:
     msd, osd = get_state_dict(model, opt)
@@ -373,13 +386,11 @@ def share_read(layout: str, n: int, bytes_read: int) -> float:
     """The fraction of the checkpoint one rank read: about its own piece, 1/shards
     (within half of that: the small records every rank needs come on top)."""
     share, fraction = 1 / shards(layout, n), round(bytes_read / CKPT_BYTES, 2)
-    checks.expect("reads its share", name(layout, n), abs(fraction - share) < share / 2,
-                  f"one rank read {fraction:.0%} of the checkpoint, its share is "
-                  f"{share:.0%}.")
     target = name(layout, n).lower().replace(" ", "_")
-    return ledger.claim(f"checkpoint.load.{target}.fraction_read", fraction,
-                        # issue 23: unchecked, was asserted: reads its share
-                        "of checkpoint", guard="computed", **SAVED)
+    return ledger.record(f"checkpoint.load.{target}.fraction_read", checks.expect_close(
+        "reads its share", name(layout, n), fraction, share, share / 2, what="fraction read",
+        unit="of checkpoint", against="1 / the pieces the target cuts each tensor into"),
+        **SAVED)
 
 
 rows = []
@@ -390,8 +401,9 @@ for (layout, n), res in results.items():
                  worst(src["saved"], res["loaded"], "model."),
                  worst(src["saved"], res["loaded"], "optim."), res["bytes_read"],
                  share_read(layout, n, res["bytes_read"]), res["load_s"]])
+# Computed: every target was checked bitwise (tolerance 0) just above, and a bound of 0 around a
+# gap of 0 is no value the ledger can record as asserted; the number is that check's result.
 ledger.claim("checkpoint.reshard.max_abs_diff", max(max(r[2:4]) for r in rows),
-             # issue 23: unchecked, was asserted: checkpoint round trip
              "absolute", guard="computed", **SAVED)
 print(report.table(rows, ["target", "placements", "max |Δ| params", "max |Δ| optimizer",
                           "bytes read/rank", "of checkpoint", "load s"],
@@ -470,7 +482,7 @@ resume = {  # claim: (printed gap, unit, the check that bounds it)
 }
 for claim, (gap, unit, check) in resume.items():
     ledger.claim(f"checkpoint.resume.{claim}", float(f"{gap:.1e}"), unit,
-                 guard="computed", **SAVED)  # issue 23: unchecked, was asserted: {check}
+                 guard="computed", **SAVED)  # the {check} check bounds it; a max over runs
 print(report.table(rows, ["resumed run", "tolerance", "max |Δ| loss", "max |Δ| params"],
                    formats={"max |Δ| loss": ".1e", "max |Δ| params": ".1e"},
                    title=f"{K} steps after the checkpoint, against the run that never "
@@ -490,7 +502,7 @@ model_bytes = per_rank_state_bytes(SHAPES, "fsdp2", SOURCE_N, "fp32", "adamw",
                                    ddp_buckets=False)
 expected = ledger.claim("checkpoint.rank_file.params_and_optimizer_bytes",
                         model_bytes.params + model_bytes.optimizer, "bytes",
-                        # issue 23: unchecked, was asserted: checkpoint size
+                        # computed: the model's prediction, the value the sizes are checked against
                         guard="computed", precision="fp32", **SAVED)
 steps_bytes = len(SHAPES) * OPTIMIZERS["adamw"].step_bytes
 for r, held in enumerate(usage.tensor_bytes):
@@ -532,37 +544,29 @@ with torch.device("meta"):  # shapes only
 whole = per_rank_state_bytes(big_shapes, "ddp", 1, "fp32", "adamw", ddp_buckets=False)
 share = per_rank_state_bytes(big_shapes, "fsdp2", SOURCE_N, "fp32", "adamw",
                              ddp_buckets=False)
-checks.expect("full state dict", "rank 0",
-              big["full_held"] == whole.params + whole.optimizer,
-              f"held {big['full_held']:,} bytes; the whole model state is "
-              f"{whole.params + whole.optimizer:,}.")
-checks.expect("full state dict", "rank 0",
-              big["peak_full"] >= big["full_held"] - RESOLUTION_BYTES,
-              f"peak {big['peak_full']:,} bytes, below the {big['full_held']:,} it "
-              f"held by more than RESOLUTION_BYTES = {RESOLUTION_BYTES:,}.")
-checks.expect("sharded save", "rank 0",
-              big["peak_sharded"] < 1.5 * (share.params + share.optimizer),
-              f"peak {big['peak_sharded']:,} bytes, not below 1.5 x its share "
-              f"{share.params + share.optimizer:,}.")
+held_checked = checks.expect_close(
+    "full state dict", "rank 0", big["full_held"], whole.params + whole.optimizer, 0,
+    what="bytes held", unit="bytes", against="per_rank_state_bytes('ddp', 1): the whole state")
+peak_full_checked = checks.expect_order(
+    "full state dict", "rank 0", big["full_held"] - RESOLUTION_BYTES, big["peak_full"],
+    low_name="bytes held - RESOLUTION_BYTES", high_name="rank 0's peak", strict=False,
+    unit="bytes", keep="high")
+peak_sharded_checked = checks.expect_order(
+    "sharded save", "rank 0", big["peak_sharded"], 1.5 * (share.params + share.optimizer),
+    low_name="rank 0's peak", high_name="1.5 x its share of the state", unit="bytes")
 ON_BIG = dict(model="checkpoint-big", optimizer="adamw", precision="fp32",
               world_size=SOURCE_N)
 BIG_PARAMS = ledger.claim("checkpoint.big.params",
                           sum(torch.Size(s).numel() for s in big_shapes), "parameters")
 print(report.table([["sharded: get_state_dict + dcp.save",
-                     ledger.claim("checkpoint.big.sharded_save.peak_bytes",
-                                  big["peak_sharded"], "bytes",
-                                  # issue 23: unchecked, was asserted: sharded save
-                                  guard="computed", **ON_BIG),
+                     ledger.record("checkpoint.big.sharded_save.peak_bytes",
+                                   peak_sharded_checked, fmt=",.0f", **ON_BIG),
                      share.params + share.optimizer],
                     ["full_state_dict=True, cpu_offload=True",
-                     ledger.claim("checkpoint.big.full_state_dict.peak_bytes",
-                                  big["peak_full"], "bytes",
-                                  # issue 23: unchecked, was asserted: full state dict
-                                  guard="computed", **ON_BIG),
-                     ledger.claim("checkpoint.big.full_state_dict.held_bytes",
-                                  big["full_held"], "bytes",
-                                  # issue 23: unchecked, was asserted: full state dict
-                                  guard="computed", **ON_BIG)]],
+                     ledger.record("checkpoint.big.full_state_dict.peak_bytes",
+                                   peak_full_checked, fmt=",.0f", **ON_BIG),
+                     ledger.record("checkpoint.big.full_state_dict.held_bytes",
+                                   held_checked, fmt=",.0f", **ON_BIG)]],
                    ["rank 0 saving with", "peak memory (bytes)",
                     "model state it stands for"],
                    title=f"BIG: {BIG_PARAMS:,} parameters, AdamW, FSDP2 x{SOURCE_N}"))
@@ -652,8 +656,9 @@ checks.expect("meta-device trap", "CPU mesh",
               "changed.")
 checks.assert_params_match("meta + broadcast_from_rank0", reference_init,
                            meta[0]["fixed"], 0.0, check="meta-device init")
+# Computed: the check above only orders it above 0 (and not on one rank); its size has no
+# independent value.
 trap_gap = ledger.claim("checkpoint.meta_init.trap_gap", round(trap_gap, 2), "absolute",
-                        # issue 23: unchecked, was asserted: meta-device trap
                         guard="computed", model="tinylm-1-block",
                         world_size=len(meta))
 print(f"reset_parameters() on {len(meta)} ranks' shards: max |Δ| to the single-process "
@@ -669,9 +674,10 @@ print(f"reset_parameters() on {len(meta)} ranks' shards: max |Δ| to the single-
 # through :func:`guide.checkpoint.publishing`, the crash leaves a ``.partial`` directory and the
 # previous checkpoint intact: :func:`guide.checkpoint.latest` returns it and it loads bit for bit. A
 # truncated or corrupted shard, a missing ``.metadata``, a checkpoint of a model with one layer more
-# or fewer or another hidden size: each fails :func:`guide.checkpoint_verify.verify` with the file or the
-# parameter named and what was expected, on every rank at once (plain DCP loads the corrupted shard
-# and the smaller model silently). ``benchmarks/fault_table.py`` lists them with their messages.
+# or fewer or another hidden size: each fails :func:`guide.checkpoint_verify.verify`, with the file
+# or the parameter named and what was expected, on every rank at once (plain DCP loads the corrupted
+# shard and the smaller model silently). ``benchmarks/fault_table.py`` lists them with their
+# messages.
 if not guide.under_torchrun():
     shutil.rmtree(ROOT)
 print("All checks passed.")

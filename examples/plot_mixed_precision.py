@@ -306,14 +306,14 @@ print("\nbf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype ha
 # .. math:: |L_\text{bf16} - L_\text{fp32}| \le u \cdot |L_\text{fp32}|
 #
 # i.e. the bf16 run must agree with the fp32 run to the precision in which bf16 can even write the
-# loss down. It is a heuristic: it is justified by what it accepts and rejects, measured here and in
-# ``tests/test_precision.py``, not by a proof. Two facts keep a correct run far inside it. Rounding errors are as often up as down, so
-# thousands of them add like a random walk, not in one direction. And the updates are applied to the
-# fp32 shards, so the two runs are never separated by lost updates, only by gradients that differ at
-# bf16's relative precision; over a short run like this one that does not compound. What the bound
-# rejects is a run that no longer computes the same training step: a gradient summed instead of
-# averaged doubles every SGD step and leaves it after one step (``tests/test_precision.py``
-# shows it).
+# loss down. It is a heuristic: it is justified by what it accepts and rejects, measured here and
+# in ``tests/test_precision.py``, not by a proof. Two facts keep a correct run far inside it.
+# Rounding errors are as often up as down, so thousands of them add like a random walk, not in one
+# direction. And the updates are applied to the fp32 shards, so the two runs are never separated
+# by lost updates, only by gradients that differ at bf16's relative precision; over a short run
+# like this one that does not compound. What the bound rejects is a run that no longer computes
+# the same training step: a gradient summed instead of averaged doubles every SGD step and leaves
+# it after one step (``tests/test_precision.py`` shows it).
 # The step-0 gap isolates the forward's rounding: both runs start from identical weights.
 u = precision.unit_roundoff(BF16)
 checks.expect("unit roundoff", "bfloat16", u == 2**-8, f"u = {u}, not 2**-8.")
