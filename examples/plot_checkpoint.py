@@ -2,6 +2,18 @@
 Checkpoints that survive a change of world size
 ===============================================
 
+.. admonition:: Verdict
+   :class: tip
+
+   Save with ``dcp.save`` of ``get_state_dict(model, optimizer)`` (model **and** optimizer), into a
+   new directory per step, published by a rename only once every rank finished; load with
+   ``dcp.load`` at any world size (bit for bit here). Use ``dcp.async_save`` when the write stalls
+   training: it returned :claim:`checkpoint.big.async_save.saved_ms <unit>` sooner than ``dcp.save``
+   here. Avoid ``full_state_dict=True`` for training checkpoints: rank 0 held the whole model state
+   (:claim:`checkpoint.big.full_state_dict.peak_bytes <unit>` at peak); keep it for exporting one
+   file, and ``torch.load`` it with ``weights_only=True``.
+   Measured on CPU gloo processes (tiny models, two shared cores); this page predicts nothing.
+
 After "does it fit?", the question FSDP2 users ask most is "can I stop, and resume on a different
 number of GPUs?" (torchtitan #811 and #850, accelerate #3971, torchtitan #1058). Tutorials show the
 API; this page proves the answer. It trains FSDP2 on 4 ranks with AdamW, saves the model **and** the
@@ -93,8 +105,9 @@ def save(model, opt, path) -> None:
 # Loading is the same call in reverse: ``get_state_dict`` on the *new* model gives DTensors (or
 # plain tensors) of the new layout, ``dcp.load`` fills them in place from whichever saved chunks
 # overlap each rank's rows, and ``set_state_dict`` hands them to the model and the optimizer.
-# :func:`guide.checkpoint.verify` runs first: every file whole, every tensor's name and global shape
-# what this model expects, or an error naming the file or the parameter (see "Faults" below).
+# :func:`guide.checkpoint_verify.verify` runs first: every file whole, every tensor's name and
+# global shape what this model expects, or an error naming the file or the parameter (see "Faults"
+# below).
 # :class:`guide.checkpoint.CountingReader` is DCP's file reader that also counts the bytes it reads.
 def load(model, opt, path, no_dist: bool = False, with_optimizer: bool = True) -> int:
     msd, osd = get_state_dict(model, opt)
@@ -218,39 +231,48 @@ def warm_up(root, group) -> None:
 # grow with the model are measured on ``BIG``, a bigger model of the same kind (not trained:
 # ``get_state_dict`` gives AdamW its zero moments): rank 0's peak memory
 # (:class:`guide.memory.PeakMemory`) during a sharded save and during a full state dict, and how
-# long a blocking save and an ``async_save`` keep training waiting (each the fastest of
-# ``TIMINGS`` saves: a busy machine only ever adds time).
+# long a blocking save and an ``async_save`` keep training waiting. Both end with the same
+# publish (checksums and a rename), which training waits for either way and which is timed on its
+# own: what ``async_save`` saves is the time between the call and the return to training. Each
+# time is the fastest of ``TIMINGS`` saves (a busy machine only ever adds time).
 BIG = ModelConfig(vocab=1024, d_model=256, n_layers=2, n_heads=4, d_mlp=1024)
 TIMINGS = 3  # each save is timed this many times; the fastest counts (a busy machine only adds)
+
+
+def timed_save(model, opt, path, group, use_async: bool) -> tuple[float, float]:
+    """(seconds until training could go on, seconds of the publish that follows the write)."""
+    start = time.perf_counter()
+    msd, osd = get_state_dict(model, opt)
+    partial = checkpoint.begin_save(path, group)
+    if use_async:
+        future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=partial,
+                                process_group=group)
+    else:
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=partial, process_group=group)
+    returned_s = time.perf_counter() - start  # training goes on from here
+    if use_async:
+        future.result()  # in a real loop: a few steps later
+    start = time.perf_counter()
+    checkpoint.publish(partial, group)
+    return returned_s, time.perf_counter() - start
 
 
 def big_saves(rank, root, group) -> dict:
     prepare()  # freed memory leaves the process: PeakMemory measures live tensors
     model, opt = build(rank, "FSDP2", seed=0, cfg=BIG)
     with PeakMemory(device="cpu") as sharded:
-        start = time.perf_counter()
         save(model, opt, root / "big-sharded")
-        save_s = time.perf_counter() - start
     with PeakMemory(device="cpu") as full:
         held = full_state_dict(model, opt, rank, root / "big-full.pt")
-    blocked_s = []
-    for i in range(TIMINGS):
-        if i:  # the first blocking save is the one measured for memory above
-            start = time.perf_counter()
-            save(model, opt, root / f"big-sharded-{i}")
-            save_s = min(save_s, time.perf_counter() - start)
-        start = time.perf_counter()
-        msd, osd = get_state_dict(model, opt)
-        partial = checkpoint.begin_save(root / f"big-async-{i}", group)
-        future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=partial,
-                                process_group=group)
-        call_s = time.perf_counter() - start  # training would go on from here
-        future.result()
-        start = time.perf_counter()
-        checkpoint.publish(partial, group)
-        blocked_s.append(call_s + time.perf_counter() - start)
+    times = {"save": [], "async_save": []}
+    for i in range(TIMINGS):  # alternate, so that a burst of load hits both
+        for kind in times:
+            times[kind].append(timed_save(model, opt, root / f"big-{kind}-{i}", group,
+                                          use_async=kind == "async_save"))
     return {"peak_sharded": sharded.peak_bytes, "peak_full": full.peak_bytes,
-            "full_held": held, "save_s": save_s, "async_blocked_s": min(blocked_s)}
+            "full_held": held,
+            **{f"{kind}_returned_s": min(t[0] for t in ts) for kind, ts in times.items()},
+            "publish_s": min(t[1] for ts in times.values() for t in ts)}
 
 
 # %%
@@ -364,13 +386,11 @@ def share_read(layout: str, n: int, bytes_read: int) -> float:
     """The fraction of the checkpoint one rank read: about its own piece, 1/shards
     (within half of that: the small records every rank needs come on top)."""
     share, fraction = 1 / shards(layout, n), round(bytes_read / CKPT_BYTES, 2)
-    checks.expect("reads its share", name(layout, n), abs(fraction - share) < share / 2,
-                  f"one rank read {fraction:.0%} of the checkpoint, its share is "
-                  f"{share:.0%}.")
     target = name(layout, n).lower().replace(" ", "_")
-    return ledger.claim(f"checkpoint.load.{target}.fraction_read", fraction,
-                        # issue 23: unchecked, was asserted: reads its share
-                        "of checkpoint", guard="computed", **SAVED)
+    return ledger.record(f"checkpoint.load.{target}.fraction_read", checks.expect_close(
+        "reads its share", name(layout, n), fraction, share, share / 2, what="fraction read",
+        unit="of checkpoint", against="1 / the pieces the target cuts each tensor into"),
+        **SAVED)
 
 
 rows = []
@@ -381,8 +401,9 @@ for (layout, n), res in results.items():
                  worst(src["saved"], res["loaded"], "model."),
                  worst(src["saved"], res["loaded"], "optim."), res["bytes_read"],
                  share_read(layout, n, res["bytes_read"]), res["load_s"]])
+# Computed: every target was checked bitwise (tolerance 0) just above, and a bound of 0 around a
+# gap of 0 is no value the ledger can record as asserted; the number is that check's result.
 ledger.claim("checkpoint.reshard.max_abs_diff", max(max(r[2:4]) for r in rows),
-             # issue 23: unchecked, was asserted: checkpoint round trip
              "absolute", guard="computed", **SAVED)
 print(report.table(rows, ["target", "placements", "max |Δ| params", "max |Δ| optimizer",
                           "bytes read/rank", "of checkpoint", "load s"],
@@ -461,7 +482,7 @@ resume = {  # claim: (printed gap, unit, the check that bounds it)
 }
 for claim, (gap, unit, check) in resume.items():
     ledger.claim(f"checkpoint.resume.{claim}", float(f"{gap:.1e}"), unit,
-                 guard="computed", **SAVED)  # issue 23: unchecked, was asserted: {check}
+                 guard="computed", **SAVED)  # the {check} check bounds it; a max over runs
 print(report.table(rows, ["resumed run", "tolerance", "max |Δ| loss", "max |Δ| params"],
                    formats={"max |Δ| loss": ".1e", "max |Δ| params": ".1e"},
                    title=f"{K} steps after the checkpoint, against the run that never "
@@ -481,7 +502,7 @@ model_bytes = per_rank_state_bytes(SHAPES, "fsdp2", SOURCE_N, "fp32", "adamw",
                                    ddp_buckets=False)
 expected = ledger.claim("checkpoint.rank_file.params_and_optimizer_bytes",
                         model_bytes.params + model_bytes.optimizer, "bytes",
-                        # issue 23: unchecked, was asserted: checkpoint size
+                        # computed: the model's prediction, the value the sizes are checked against
                         guard="computed", precision="fp32", **SAVED)
 steps_bytes = len(SHAPES) * OPTIMIZERS["adamw"].step_bytes
 for r, held in enumerate(usage.tensor_bytes):
@@ -523,37 +544,29 @@ with torch.device("meta"):  # shapes only
 whole = per_rank_state_bytes(big_shapes, "ddp", 1, "fp32", "adamw", ddp_buckets=False)
 share = per_rank_state_bytes(big_shapes, "fsdp2", SOURCE_N, "fp32", "adamw",
                              ddp_buckets=False)
-checks.expect("full state dict", "rank 0",
-              big["full_held"] == whole.params + whole.optimizer,
-              f"held {big['full_held']:,} bytes; the whole model state is "
-              f"{whole.params + whole.optimizer:,}.")
-checks.expect("full state dict", "rank 0",
-              big["peak_full"] >= big["full_held"] - RESOLUTION_BYTES,
-              f"peak {big['peak_full']:,} bytes, below the {big['full_held']:,} it "
-              f"held by more than RESOLUTION_BYTES = {RESOLUTION_BYTES:,}.")
-checks.expect("sharded save", "rank 0",
-              big["peak_sharded"] < 1.5 * (share.params + share.optimizer),
-              f"peak {big['peak_sharded']:,} bytes, not below 1.5 x its share "
-              f"{share.params + share.optimizer:,}.")
+held_checked = checks.expect_close(
+    "full state dict", "rank 0", big["full_held"], whole.params + whole.optimizer, 0,
+    what="bytes held", unit="bytes", against="per_rank_state_bytes('ddp', 1): the whole state")
+peak_full_checked = checks.expect_order(
+    "full state dict", "rank 0", big["full_held"] - RESOLUTION_BYTES, big["peak_full"],
+    low_name="bytes held - RESOLUTION_BYTES", high_name="rank 0's peak", strict=False,
+    unit="bytes", keep="high")
+peak_sharded_checked = checks.expect_order(
+    "sharded save", "rank 0", big["peak_sharded"], 1.5 * (share.params + share.optimizer),
+    low_name="rank 0's peak", high_name="1.5 x its share of the state", unit="bytes")
 ON_BIG = dict(model="checkpoint-big", optimizer="adamw", precision="fp32",
               world_size=SOURCE_N)
 BIG_PARAMS = ledger.claim("checkpoint.big.params",
                           sum(torch.Size(s).numel() for s in big_shapes), "parameters")
 print(report.table([["sharded: get_state_dict + dcp.save",
-                     ledger.claim("checkpoint.big.sharded_save.peak_bytes",
-                                  big["peak_sharded"], "bytes",
-                                  # issue 23: unchecked, was asserted: sharded save
-                                  guard="computed", **ON_BIG),
+                     ledger.record("checkpoint.big.sharded_save.peak_bytes",
+                                   peak_sharded_checked, fmt=",.0f", **ON_BIG),
                      share.params + share.optimizer],
                     ["full_state_dict=True, cpu_offload=True",
-                     ledger.claim("checkpoint.big.full_state_dict.peak_bytes",
-                                  big["peak_full"], "bytes",
-                                  # issue 23: unchecked, was asserted: full state dict
-                                  guard="computed", **ON_BIG),
-                     ledger.claim("checkpoint.big.full_state_dict.held_bytes",
-                                  big["full_held"], "bytes",
-                                  # issue 23: unchecked, was asserted: full state dict
-                                  guard="computed", **ON_BIG)]],
+                     ledger.record("checkpoint.big.full_state_dict.peak_bytes",
+                                   peak_full_checked, fmt=",.0f", **ON_BIG),
+                     ledger.record("checkpoint.big.full_state_dict.held_bytes",
+                                   held_checked, fmt=",.0f", **ON_BIG)]],
                    ["rank 0 saving with", "peak memory (bytes)",
                     "model state it stands for"],
                    title=f"BIG: {BIG_PARAMS:,} parameters, AdamW, FSDP2 x{SOURCE_N}"))
@@ -594,23 +607,34 @@ print("full.pt, dcp_to_torch_save and torch_save_to_dcp: each equals the sharded
 # ---------------------------------------
 # The source's ``async_save`` wrote its files while the next ``K`` steps changed the very tensors
 # it was saving. Loaded here, that checkpoint equals the blocking save bit for bit: the staging
-# copy froze the state at the moment of the call. On ``BIG``, a blocking ``dcp.save`` stopped
-# training for the whole save; ``dcp.async_save`` for the staging copy and the publish.
+# copy froze the state at the moment of the call. On ``BIG``, a blocking ``dcp.save`` returns to
+# training after the plan, the staging and the write; ``dcp.async_save`` after the plan and the
+# staging copy: the write is what it takes off the training loop, and the check below is that
+# ordering. The publish after the write (checksums of every file, one rename) is the same for both
+# and blocks either unless it is moved off the loop too; it is timed on its own.
 model, opt = build(SINGLE, "1 process", seed=1)
 load(model, opt, ROOT / "async", no_dist=True)
 checks.assert_params_match("async_save, then training went on", src["saved"],
                            checkpoint.gathered_state(model, opt), 0.0,
                            check="async checkpoint")
 order = checks.expect_order("async_save", f"BIG, FSDP2 x{SOURCE_N}",
-                           big["async_blocked_s"] * 1e3, big["save_s"] * 1e3,
-                           low_name="async_save blocked", high_name="dcp.save blocked",
+                           big["async_save_returned_s"] * 1e3, big["save_returned_s"] * 1e3,
+                           low_name="async_save returned", high_name="dcp.save returned",
                            unit="ms")
-blocked = {"save": ledger.claim("checkpoint.big.save.blocked_ms", order.reference, "ms",
+blocked = {"save": ledger.claim("checkpoint.big.save.returned_ms", order.reference, "ms",
                                 fmt=".0f", **ON_BIG),
-           "async_save": ledger.record("checkpoint.big.async_save.blocked_ms", order, fmt=".0f",
-                                       **ON_BIG)}  # ordered: below the blocking save
-print(f"BIG, rank 0: training blocked {blocked['save']} ms by dcp.save, "
-      f"{blocked['async_save']} ms by dcp.async_save (the call and the publish)")
+           "async_save": ledger.record("checkpoint.big.async_save.returned_ms", order, fmt=".0f",
+                                       **ON_BIG),  # ordered: below the blocking save
+           "publish": ledger.claim("checkpoint.big.publish_ms", big["publish_s"] * 1e3, "ms",
+                                   fmt=".0f", **ON_BIG)}
+SAVED_MS = ledger.claim("checkpoint.big.async_save.saved_ms",
+                        big["save_returned_s"] * 1e3 - big["async_save_returned_s"] * 1e3, "ms",
+                        fmt=".0f", **ON_BIG)  # the ordering's margin, as measured
+report.conclusion(
+    f"BIG, rank 0: dcp.save returned to training after {blocked['save']:.0f} ms, "
+    f"dcp.async_save after {blocked['async_save']:.0f} ms (the staging copy), {SAVED_MS:.0f} ms "
+    "sooner; the publish "
+    f"that follows either ({blocked['publish']:.0f} ms: checksums and a rename) waits the same.")
 
 # %%
 # Meta-device init, measured
@@ -632,8 +656,9 @@ checks.expect("meta-device trap", "CPU mesh",
               "changed.")
 checks.assert_params_match("meta + broadcast_from_rank0", reference_init,
                            meta[0]["fixed"], 0.0, check="meta-device init")
+# Computed: the check above only orders it above 0 (and not on one rank); its size has no
+# independent value.
 trap_gap = ledger.claim("checkpoint.meta_init.trap_gap", round(trap_gap, 2), "absolute",
-                        # issue 23: unchecked, was asserted: meta-device trap
                         guard="computed", model="tinylm-1-block",
                         world_size=len(meta))
 print(f"reset_parameters() on {len(meta)} ranks' shards: max |Δ| to the single-process "
@@ -649,9 +674,10 @@ print(f"reset_parameters() on {len(meta)} ranks' shards: max |Δ| to the single-
 # through :func:`guide.checkpoint.publishing`, the crash leaves a ``.partial`` directory and the
 # previous checkpoint intact: :func:`guide.checkpoint.latest` returns it and it loads bit for bit. A
 # truncated or corrupted shard, a missing ``.metadata``, a checkpoint of a model with one layer more
-# or fewer or another hidden size: each fails :func:`guide.checkpoint.verify` with the file or the
-# parameter named and what was expected, on every rank at once (plain DCP loads the corrupted shard
-# and the smaller model silently). ``benchmarks/fault_table.py`` lists them with their messages.
+# or fewer or another hidden size: each fails :func:`guide.checkpoint_verify.verify`, with the file
+# or the parameter named and what was expected, on every rank at once (plain DCP loads the corrupted
+# shard and the smaller model silently). ``benchmarks/fault_table.py`` lists them with their
+# messages.
 if not guide.under_torchrun():
     shutil.rmtree(ROOT)
 print("All checks passed.")

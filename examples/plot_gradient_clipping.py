@@ -2,6 +2,16 @@
 Gradient clipping over sharded gradients
 ========================================
 
+.. admonition:: Verdict
+   :class: tip
+
+   With FSDP2, clip as in one process: ``torch.nn.utils.clip_grad_norm_(model.parameters(),
+   max_norm)`` between ``backward()`` and ``optimizer.step()``. On FSDP2's ``DTensor`` gradients it
+   computes the global norm (the single-process norm to :claim:`gradient_clipping.fsdp2.norm_gap`);
+   never clip each rank's local shards by hand, whose norm is only that rank's part. Read the
+   returned norm with ``full_tensor()`` to log it.
+   Measured on CPU gloo processes (tiny models, two shared cores); this page predicts nothing.
+
 ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`` rescales the gradients so that their
 *global* 2-norm is at most ``max_norm``. Under FSDP2 no rank holds the whole gradient: each holds one
 ``Shard(0)`` slice of every gradient, as a ``DTensor``. The norm a rank could compute from its own

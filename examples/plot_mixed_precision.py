@@ -2,6 +2,16 @@
 Mixed precision: what is bf16, and what stays fp32
 ==================================================
 
+.. admonition:: Verdict
+   :class: tip
+
+   Use ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``: the
+   all-gathers move :claim:`mixed_precision.bf16_fp32.sgd.all_gather_bytes <unit>` bytes, the
+   gradients are still reduced in fp32, the shards stay fp32 master weights, and the loss stays
+   inside one bf16 rounding of the fp32 run. Use ``reduce_dtype=torch.bfloat16`` only when the
+   reduce-scatter is the bottleneck: it halves that traffic too, but sums gradients in bf16.
+   Measured on CPU gloo processes (tiny models, two shared cores); this page predicts nothing.
+
 ``fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
 reduce_dtype=torch.float32))`` is the usual way to train in bf16 with FSDP2. It is easy to describe
 it wrongly: a common summary says the parameters are "stored in bf16 at rest". They are not. This
@@ -13,7 +23,8 @@ every tensor from inside the ranks, and **fails the docs build** unless:
 * the reduce-scatter runs in ``reduce_dtype`` (the gradient that lands on the shard is fp32 by
   construction: torch accepts only a gradient of the parameter's own dtype, so the fp32 shard
   decides it and there is nothing separate to check),
-* the bf16 loss curve stays within a bound derived from bf16's precision of the fp32 reference.
+* the bf16 loss curve stays within one bf16 rounding of the fp32 reference (a chosen tolerance,
+  not a derived bound: see below).
 
 First, a question the rest depends on: can gloo, the CPU backend, move bf16 at all?
 """
@@ -178,9 +189,9 @@ print(table([[op, *(support[dt][op] for dt in support)] for op in support["bfloa
 for op, result in support["bfloat16"].items():
     checks.expect("gloo bf16", f"{backend} x{WORLD_SIZE}", result == "ok",
                   f"{op} in bfloat16: {result}; the bf16 runs below depend on it.")
+# A count of the table's rows, each checked "ok" just above: computed (no other value to match).
 exact = ledger.claim(f"{backend}.bf16.collectives_exact", len(support["bfloat16"]),
-                     # issue 23: unchecked, was asserted: gloo bf16
-                     "collectives", guard="computed", world_size=WORLD_SIZE)
+                     "collectives", world_size=WORLD_SIZE)
 print(f"\n{backend} ran every collective FSDP2 needs in bfloat16 ({exact} of them), "
       "with exact results.")
 
@@ -239,10 +250,9 @@ checks.expect("output_dtype", "CPU", od["error"] is not None or backend != "gloo
 ON_BLOCKS = dict(model="tinylm-main", param_dtype="bfloat16",
                  output_dtype="float32 on blocks", cast_forward_inputs=True)
 KEYS = ("block_outputs", "block_inputs", "ln_f_input")
+# dtype names, compared with WANT by the check above; the ledger keeps a string as computed.
 print(table([[place, ledger.claim(f"mixed_precision.output_dtype_on_blocks.{key}",
-                                  ", ".join(dtypes), "dtype",
-                                  # issue 23: unchecked, was asserted: output_dtype
-                                  guard="computed", **ON_BLOCKS)]
+                                  ", ".join(dtypes), "dtype", **ON_BLOCKS)]
              for (place, dtypes), key in zip(seen.items(), KEYS)],
             ["where", "dtype"]))
 print(f"\nThe forward then stopped in ln_f: {od['error'] or 'it ran (not on CPU)'}")
@@ -288,19 +298,22 @@ print("\nbf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype ha
 # by at most ``u·|x|``, with unit roundoff ``u = 2**-8`` (``torch.finfo(torch.bfloat16).eps`` is the
 # spacing above one, ``2**-7``, twice ``u``). In the bf16 forward every weight is rounded once (the
 # shard is cast before the all-gather) and every activation after each operation; the loss is a
-# smooth function of all of them, so its error is a weighted sum of relative errors no larger than
-# ``u``. The bound this page enforces is **one rounding of the loss itself**: at every step
+# smooth function of all of them, so to first order its error is a weighted sum of those relative
+# errors. That sum has no small worst case (the classic bound grows with the number of operations,
+# ``n·u``), so what this page enforces is **a chosen tolerance, not a derived bound**: one rounding
+# of the loss itself, at every step
 #
 # .. math:: |L_\text{bf16} - L_\text{fp32}| \le u \cdot |L_\text{fp32}|
 #
 # i.e. the bf16 run must agree with the fp32 run to the precision in which bf16 can even write the
-# loss down. Two facts keep a correct run far inside it. Rounding errors are as often up as down, so
-# thousands of them add like a random walk, not in one direction. And the updates are applied to the
-# fp32 shards, so the two runs are never separated by lost updates, only by gradients that differ at
-# bf16's relative precision; over a short run like this one that does not compound. What the bound
-# rejects is a run that no longer computes the same training step: a gradient summed instead of
-# averaged doubles every SGD step and leaves it after one step (``tests/test_precision.py``
-# shows it).
+# loss down. It is a heuristic: it is justified by what it accepts and rejects, measured here and
+# in ``tests/test_precision.py``, not by a proof. Two facts keep a correct run far inside it.
+# Rounding errors are as often up as down, so thousands of them add like a random walk, not in one
+# direction. And the updates are applied to the fp32 shards, so the two runs are never separated
+# by lost updates, only by gradients that differ at bf16's relative precision; over a short run
+# like this one that does not compound. What the bound rejects is a run that no longer computes
+# the same training step: a gradient summed instead of averaged doubles every SGD step and leaves
+# it after one step (``tests/test_precision.py`` shows it).
 # The step-0 gap isolates the forward's rounding: both runs start from identical weights.
 u = precision.unit_roundoff(BF16)
 checks.expect("unit roundoff", "bfloat16", u == 2**-8, f"u = {u}, not 2**-8.")
@@ -320,9 +333,9 @@ for name, (opt, param_dtype, _) in RUNS.items():
     worst = precision.assert_loss_gap_within(run, REFERENCE[opt], losses, bounds[name])
     gaps[name] = [abs(a - b) for a, b in zip(losses, REFERENCE[opt])]
     rows.append([name, gaps[name][0], gaps[name][0] / bounds[name][0], max(gaps[name]),
-                 ledger.claim(f"{claim_key(name)}.loss_gap_of_bound", round(worst, 3),
-                              # issue 23: unchecked, was asserted: loss gap bound
-                              "fraction", guard="computed", **SETUP)])
+                 ledger.record(f"{claim_key(name)}.loss_gap_of_bound", checks.expect_order(
+                     "loss gap bound", run, worst, 1.0, low_name="largest gap / u·L",
+                     high_name="1", strict=False), "fraction", fmt=".3f", **SETUP)])
 print(table(rows, ["run", "step-0 gap", "of u·L", "largest gap",
                    "of the bound, at most"],
             formats={"step-0 gap": ".1e", "of u·L": ".1%", "largest gap": ".1e",
@@ -367,12 +380,20 @@ for name, per_rank_lost in lost.items():
                   min(per_rank_lost) > 0,
                   "no update would be lost in bf16 "
                   "storage; the page's argument does not hold here.")
-print(table([[name, *(ledger.claim(f"{claim_key(name)}.lost_in_bf16.{end}",
-                                   round(f(v), 2), "fraction of changed elements",
-                                   # issue 23: unchecked, was asserted: master weights
-                                   guard="computed", **SETUP)
-                      for end, f in (("min", min), ("max", max)))]
-             for name, v in lost.items()],
+def lost_share(name: str, end: str) -> float:
+    """The min over ranks is ordered above 0 (the argument needs a loss); the max has no
+    independent value and stays computed."""
+    share, claim = (min if end == "min" else max)(lost[name]), f"{claim_key(name)}.lost_in_bf16"
+    if end == "max":
+        return ledger.claim(f"{claim}.max", round(share, 2), "fraction of changed elements",
+                            **SETUP)
+    return ledger.record(f"{claim}.min", checks.expect_order(
+        "master weights", f"FSDP2 x{WORLD_SIZE} {name}", 0.0, share, low_name="0",
+        high_name="share lost in bf16, min over ranks", keep="high"),
+        "fraction of changed elements", fmt=".2f", **SETUP)
+
+
+print(table([[name, lost_share(name, "min"), lost_share(name, "max")] for name in lost],
             ["run", "lost in bf16, min over ranks", "max over ranks"],
             formats={"lost in bf16, min over ranks": ".0%", "max over ranks": ".0%"},
             title="Share of the last step's updates that bf16 storage would lose"))

@@ -1,10 +1,10 @@
 """guide.checkpoint: a save is published whole or not at all, and a bad checkpoint fails by name.
 
 Each guard is proven the way it is meant to work: the fault is injected into a real DCP checkpoint
-and the guard must raise :class:`guide.checkpoint.CheckpointError` naming the file or parameter and
-what was expected. Where the module docstring claims plain DCP misses a fault (a flipped byte, a
-model one layer smaller, a save that dies in place), a control test measures that claim too, so the
-guard is known to be needed.
+and the guard must raise :class:`guide.checkpoint_verify.CheckpointError` naming the file or
+parameter and what was expected. Where the module docstring claims plain DCP misses a fault (a
+flipped byte, a model one layer smaller, a save that dies in place), a control test measures that
+claim too, so the guard is known to be needed.
 
 Single-process checkpoints (``no_dist=True``) keep most tests fast; the behaviours that need ranks
 (a rank killed in the middle of ``dcp.save``, a bad checkpoint failing every rank without a hang)
@@ -446,7 +446,8 @@ def _publish_with_a_slow_rank(rank: guide.Rank, root: Path) -> list[str]:
             time.sleep(1.0)
 
     checkpoint._barrier = slow_after_first  # this rank's process only (ranks are fresh processes)
-    model = sharding.wrap(build_model(CFG, seed=0), "fsdp2", rank)
+    mesh = init_device_mesh("cpu", (rank.world_size,))
+    model = sharding.apply_fsdp2(build_model(CFG, seed=0), mesh)
     with checkpoint.publishing(checkpoint.step_dir(root, 1)) as partial:
         dcp.save(state_of(model, make_optimizer("adamw", model.parameters())),
                  checkpoint_id=partial)

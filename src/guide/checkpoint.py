@@ -1,45 +1,36 @@
-"""Checkpoints that survive a crash and a change of world size: publish atomically, verify, measure.
+"""Checkpoints that survive a crash and a change of world size: publish atomically, measure.
 
 ``torch.distributed.checkpoint`` (DCP) saves a state dict as one file per rank
 (``__<rank>_0.distcp``, that rank's chunks of every tensor) plus ``.metadata`` (which chunk of
 which tensor lies where), written last, by rank 0, once every rank's files are written.
 ``dcp.load`` reads the chunks that overlap what each rank of the *loading* job holds, at any world
-size. This module adds what DCP leaves to the user, each gap measured with torch 2.13 on gloo
-(``tests/test_checkpoint.py`` keeps measuring them):
+size. This module adds what DCP leaves to the user on the saving side, measured with torch 2.13 on
+gloo (``tests/test_checkpoint.py`` keeps measuring it); :mod:`guide.checkpoint_verify` holds the
+loading side (checksums, key and shape matching: :func:`guide.checkpoint_verify.verify`).
 
 * **No atomic publish.** ``dcp.save`` into an existing checkpoint's directory overwrites the files
   in place; a rank killed halfway leaves the *old* ``.metadata`` next to new and old files, and
   ``dcp.load`` then loads rank 0's rows from the new step and rank 1's from the old one, silently.
   :func:`publishing` (or :func:`begin_save` + :func:`publish`) writes into ``<dir>.partial`` and
   renames it to ``<dir>`` only after every rank has finished: a directory without the suffix is
-  always a whole checkpoint, and a crash leaves the previous one untouched.
-* **No checksums.** A flipped byte in a ``.distcp`` file loads silently; a truncated one fails deep
-  in ``torch.load`` ("failed finding central directory") without naming the file. :func:`publish`
-  writes :data:`MANIFEST` (size and SHA-256 of every file); :func:`verify` checks them.
-* **Loose key matching.** Loading into a model with one layer *fewer* than the checkpoint's
-  succeeds and ignores the extra layer; one layer more or another hidden size raises a
-  ``CheckpointException`` with the cause buried in every rank's traceback. :func:`verify` compares
-  every tensor's name and global shape, both ways, before ``dcp.load`` reads anything, and raises
-  :class:`CheckpointError` naming the first offender and what was expected.
+  always a whole checkpoint, and a crash leaves the previous one untouched. :func:`publish` also
+  writes the manifest (size and SHA-256 of every file) that ``verify`` checks.
 
-:func:`verify` runs on every rank without collectives (each rank reads the same files and reaches
-the same verdict), so a bad checkpoint fails every rank at once and never leaves one waiting in a
-collective. :func:`gathered_state` is the full training state (parameters and optimizer state,
-gathered with ``full_tensor()``) that the checks compare bit for bit; :class:`CountingReader` counts
-the bytes a rank reads; :func:`disk_usage` splits a checkpoint's bytes into tensor data and framing.
+:func:`gathered_state` is the full training state (parameters and optimizer state, gathered with
+``full_tensor()``) that the checks compare bit for bit; :class:`CountingReader` counts the bytes a
+rank reads; :func:`disk_usage` splits a checkpoint's bytes into tensor data and framing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,23 +42,15 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 from torch.distributed.tensor import DTensor
 
+from guide.checkpoint_verify import (  # re-exported: guide.checkpoint.verify etc. keep working
+    MANIFEST, METADATA, PARTIAL, CheckpointError, flat_tensors, sha256, verify)
 from guide.launcher import under_torchrun
 
-__all__ = ["CheckpointError", "CountingReader", "DiskUsage", "MANIFEST", "PARTIAL", "begin_save",
-           "disk_usage", "flat_tensors", "gathered_state", "job_dir", "latest", "publish",
-           "publishing", "step_dir", "verify"]
+# Only this module's own names: the ones imported from guide.checkpoint_verify are documented there.
+__all__ = ["CountingReader", "DiskUsage", "begin_save", "disk_usage", "gathered_state", "job_dir",
+           "latest", "publish", "publishing", "step_dir"]
 
-#: The file :func:`publish` writes into a checkpoint: ``{"files": {name: {"bytes", "sha256"}}}``.
-MANIFEST = "manifest.json"
-#: Suffix of a checkpoint still being written (or abandoned by a crash): never loaded.
-PARTIAL = ".partial"
-_METADATA = ".metadata"  # DCP's index, written last by rank 0
 _RANK_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be saved or loaded as asked. The message names the file or the parameter
-    and says what was expected."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -139,12 +122,12 @@ def publish(partial: str | os.PathLike, process_group: Any = None) -> Path:
     _barrier(process_group)  # every rank's files are written and closed
     # Every rank looks, then the ranks agree before rank 0 renames: a rank that looked only after
     # the rename (descheduled on a busy machine) would find no .partial and fail a good save.
-    missing = _any_rank(not (partial / _METADATA).is_file(), process_group)
+    missing = _any_rank(not (partial / METADATA).is_file(), process_group)
     if missing:  # every rank has the same verdict: all raise, none waits
-        raise CheckpointError(f"{partial} has no {_METADATA}: dcp.save did not finish (seen by "
+        raise CheckpointError(f"{partial} has no {METADATA}: dcp.save did not finish (seen by "
                               "at least one rank); nothing is published.")
     if _rank(process_group) == 0:
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256(p)}
                  for p in sorted(partial.iterdir()) if p.is_file()}
         _write_synced(partial / MANIFEST, json.dumps({"files": files}, indent=1))
         os.rename(partial, final)
@@ -175,36 +158,7 @@ def latest(root: str | os.PathLike) -> Path | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Loading: verify first, so that nothing is read from a checkpoint that cannot be whole.
-
-
-def verify(directory: str | os.PathLike, state: Mapping[str, Any] | None = None,
-           manifest: bool = True, content: bool = True) -> None:
-    """Raise :class:`CheckpointError` unless ``directory`` holds a whole checkpoint that fits
-    ``state`` (the dict about to be given to ``dcp.load``). No collectives: call it on every rank.
-
-    Checks, in order: ``.metadata`` exists (DCP writes it last: without it the save never
-    finished); with ``manifest`` (a checkpoint made by :func:`publish`), every file listed exists
-    with its recorded size and, with ``content``, its SHA-256 (``content=False`` skips reading every
-    byte of a big checkpoint); then, for each top-level key of ``state`` (``"model"``, ``"optim"``),
-    every tensor's dotted name and global shape against the checkpoint's, both ways.
-    """
-    path = Path(directory)
-    if path.name.endswith(PARTIAL):
-        raise CheckpointError(f"{path} is a save that did not finish (or is still being written): "
-                              "never load it; guide.checkpoint.latest(root) names the newest "
-                              "published checkpoint.")
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no such checkpoint directory.")
-    if not (path / _METADATA).is_file():
-        raise CheckpointError(
-            f"{path / _METADATA} is missing: dcp.save writes it last, on rank 0, after every "
-            "rank's files, so this save never finished (or the file was deleted). Load the "
-            "previous checkpoint (guide.checkpoint.latest).")
-    if manifest:
-        _check_manifest(path, content)
-    if state is not None:
-        _check_entries(path, state)
+# Loading and measuring (verify, in guide.checkpoint_verify, runs before any load).
 
 
 class CountingReader(dcp.FileSystemReader):
@@ -219,13 +173,6 @@ class CountingReader(dcp.FileSystemReader):
         """Add the lengths of the records in ``plan`` to ``bytes_read``, then read them."""
         self.bytes_read += sum(self.storage_data[item.storage_index].length for item in plan.items)
         return super().read_data(plan, planner)
-
-
-def flat_tensors(state: Any) -> dict[str, torch.Tensor]:
-    """Every tensor of a nested state dict (dicts, lists) by the dotted name DCP gives it:
-    ``{"optim": {"state": {"head.weight": {"exp_avg": t}}}}`` becomes
-    ``{"optim.state.head.weight.exp_avg": t}``."""
-    return dict(_walk(state, ""))
 
 
 def gathered_state(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
@@ -290,86 +237,10 @@ def disk_usage(directory: str | os.PathLike) -> DiskUsage:
                 numel *= n
             tensors[rank] += numel * entry.properties.dtype.itemsize
     return DiskUsage(tuple(files[r] for r in range(len(files))), tuple(tensors), tuple(entries),
-                     (path / _METADATA).stat().st_size)
+                     (path / METADATA).stat().st_size)
 
 
 # --------------------------------------------------------------------------------------------------
-
-
-def _walk(obj: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(obj, torch.Tensor):
-        yield prefix, obj
-    elif isinstance(obj, Mapping):
-        for key, value in obj.items():
-            yield from _walk(value, f"{prefix}.{key}" if prefix else str(key))
-    elif isinstance(obj, (list, tuple)):
-        for i, value in enumerate(obj):
-            yield from _walk(value, f"{prefix}.{i}" if prefix else str(i))
-
-
-def _check_manifest(path: Path, content: bool) -> None:
-    listing = path / MANIFEST
-    if not listing.is_file():
-        raise CheckpointError(
-            f"{listing} is missing: this checkpoint was not published by guide.checkpoint.publish, "
-            "so its files cannot be checked. Pass manifest=False to check keys and shapes only.")
-    try:
-        files = json.loads(listing.read_text())["files"]
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(f"{listing} is not a manifest written by publish(): {exc}.") from None
-    for name, expected in files.items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{file} is missing; the manifest lists it with "
-                                  f"{expected['bytes']:,} bytes.")
-        size = file.stat().st_size
-        if size != expected["bytes"]:
-            raise CheckpointError(
-                f"{file} has {size:,} bytes; the manifest written at save time says "
-                f"{expected['bytes']:,}: the file was truncated or replaced after the save.")
-        if content and _sha256(file) != expected["sha256"]:
-            raise CheckpointError(
-                f"{file} has the right size ({size:,} bytes) but not the content saved: its "
-                f"SHA-256 differs from the manifest's ({expected['sha256'][:12]}...): the file is "
-                "corrupted.")
-
-
-def _check_entries(path: Path, state: Mapping[str, Any]) -> None:
-    metadata = dcp.FileSystemReader(str(path)).read_metadata()
-    saved = {name: tuple(md.size) for name, md in metadata.state_dict_metadata.items()
-             if isinstance(md, TensorStorageMetadata)}
-    wanted = {name: tuple(t.shape) for name, t in flat_tensors(state).items()}
-    tops = {str(key) for key in state}
-    saved = {name: shape for name, shape in saved.items() if name.split(".", 1)[0] in tops}
-    counts = ", ".join(f"{top!r}: {_under(saved, top)} tensors in the checkpoint, "
-                       f"{_under(wanted, top)} in the state being loaded" for top in sorted(tops))
-    for name, shape in wanted.items():
-        if name not in saved:
-            raise CheckpointError(
-                f"{path}: the state being loaded has {name} of shape {shape}; the checkpoint has "
-                f"no such entry ({counts}): it was saved from a model of another shape.")
-        if saved[name] != shape:
-            raise CheckpointError(
-                f"{path}: {name} has shape {saved[name]} in the checkpoint; the state being loaded "
-                f"expects {shape}: it was saved from a model of another shape.")
-    extra = [name for name in saved if name not in wanted]
-    if extra:
-        raise CheckpointError(
-            f"{path}: the checkpoint has {extra[0]} of shape {saved[extra[0]]} (and "
-            f"{len(extra) - 1} more entries) that the state being loaded lacks ({counts}): it was "
-            "saved from a bigger model, and dcp.load would silently skip them.")
-
-
-def _under(entries: Mapping[str, Any], top: str) -> int:
-    return sum(name.split(".", 1)[0] == top for name in entries)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_synced(path: Path, text: str) -> None:

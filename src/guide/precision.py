@@ -133,13 +133,15 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 def loss_gap_bound(reference_losses: Sequence[float], dtype: torch.dtype = torch.bfloat16,
                    roundings: float = 1.0) -> list[float]:
-    """Per step, the largest gap a correct low-precision run may show against the fp32 reference:
+    """Per step, the gap a correct low-precision run is allowed against the fp32 reference:
     ``roundings * u(dtype) * |L_ref|``.
 
-    The argument (made in full on the mixed-precision page): computing in ``dtype`` perturbs every
-    weight, activation and logit by a relative error of at most ``u``. Were all of them to push the
-    loss the same way, the loss would move by the same relative amount, ``u * L``: one rounding of
-    the loss itself. Independent rounding errors mostly cancel, so a correct run stays well inside;
+    A chosen tolerance, not a derived bound (see the mixed-precision page): computing in ``dtype``
+    perturbs every weight, activation and logit by a relative error of at most ``u``, but the
+    worst case of their sum grows with the number of operations (``n * u``), so no small bound
+    follows. ``u * L``, one rounding of the loss itself, is a heuristic: independent rounding
+    errors mostly cancel, so correct runs stay well inside it, and a run that computes another
+    step (a gradient summed, not averaged) leaves it (``tests/test_precision.py``).
     ``roundings`` scales the allowance (``1``: one rounding of the loss).
     """
     if not reference_losses:
