@@ -35,6 +35,7 @@ import time
 import matplotlib.pyplot as plt
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
@@ -57,7 +58,7 @@ from guide.memory.activations import (
 from guide.memory.state import GiB
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
-from guide.report import table
+from guide.report import show, table
 from guide.saved_tensors import SavedTensors
 from guide.training import OPTIMIZERS, make_optimizer, next_token_loss
 
@@ -155,6 +156,94 @@ sbh = constants.cite(ledger, "korthikanti.eq1.sbh_bytes")
 print(f"\nmeasured = derived to the byte in all {cases} cases. With SDPA, "
       f"Korthikanti's {sbh}*s*b*h is {err[min]:+.0%} to {err[max]:+.0%} off: fp32 "
       "doubles every shared term, and the dropout masks it counts do not exist here.")
+
+# %%
+# A Llama-style block against Korthikanti's estimate
+# --------------------------------------------------
+# Korthikanti's ``34 s b h`` (the term the calculator uses for every model, fused attention) is
+# for a GPT block: a ``4h`` GELU MLP and multi-head attention. Llama's block has RMSNorm,
+# grouped-query attention (fewer key/value heads) and a SwiGLU MLP of width ``m`` (3.5h for
+# Llama-3). The block below is that (no rotary embedding), in bf16 as a 16-bit run computes, with
+# Llama-3-70B's proportions: ``m = 3.5h`` and ``a / kv = 8`` query heads per key/value head. Its saved bytes are
+# measured with the same hooks, and checked against a count of what each operation saves:
+#
+# * each RMSNorm (torch's composite form on CPU): its input upcast to fp32, the normalized fp32
+#   tensor and one fp32 ``rstd`` per token, ``8sbh + 4sb``; its bf16 output, ``2sbh``;
+# * attention: ``q`` (``2sbh``), ``k`` and ``v`` (``4sbh·kv/a``), SDPA's fp32 log-sum-exp
+#   (``4asb``) and its output (``2sbh``, which the output projection reads as a view);
+# * SwiGLU: the gate-and-up projection (``4msb``), ``silu(gate)`` (``2msb``), their product
+#   (``2msb``).
+#
+# A fused GPU RMSNorm keeps less than the composite one (no fp32 copies), so on a GPU the norm terms
+# shrink; the MLP and attention terms do not depend on the kernel.
+class LlamaBlock(nn.Module):
+    """RMSNorm, grouped-query attention (SDPA), RMSNorm, SwiGLU MLP; residuals; no RoPE."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, mlp: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.attn_norm, self.mlp_norm = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
+        self.wq = nn.Linear(hidden, hidden, bias=False)
+        self.wkv = nn.Linear(hidden, 2 * kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(hidden, hidden, bias=False)
+        self.w_gate_up = nn.Linear(hidden, 2 * mlp, bias=False)
+        self.w_down = nn.Linear(mlp, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        y = self.attn_norm(x)
+        q = self.wq(y).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = (self.wkv(y).view(b, s, 2, self.kv_heads, self.head_dim)
+                .permute(2, 0, 3, 1, 4))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.wo(att.transpose(1, 2).reshape(b, s, h))
+        gate, up = self.w_gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.w_down(F.silu(gate) * up)
+
+
+def llama_block_count(s: int, b: int, h: int, a: int, kv: int, m: int) -> int:
+    """Bytes the bf16 block saves, operation by operation (the list above)."""
+    norms = 2 * (8 * s * b * h + 4 * s * b + 2 * s * b * h)
+    attention = 2 * s * b * h + 4 * s * b * h * kv // a + 4 * a * s * b + 2 * s * b * h
+    return norms + attention + 8 * m * s * b
+
+
+LS, LB, LH, LA, LKV = 128, 2, 128, 8, 1
+LM = LH * 7 // 2  # 3.5h, Llama-3's MLP width
+torch.manual_seed(0)
+llama_block = LlamaBlock(LH, LA, LKV, LM).to(torch.bfloat16)
+x_llama = torch.randn(LB, LS, LH, dtype=torch.bfloat16, requires_grad=True)
+with SavedTensors() as saved_llama:
+    llama_block(x_llama)
+llama_shape = f"s={LS} b={LB} h={LH} a={LA} kv={LKV} m={LM}, bf16"
+llama_saved = ledger.record("activations.llama_block.saved_bytes", checks.expect_close(
+    "Llama block activations", llama_shape, saved_llama.nbytes,
+    llama_block_count(LS, LB, LH, LA, LKV, LM), 0, "saved bytes",
+    against="the per-operation count"), "bytes", fmt=",.0f", shape=llama_shape)
+korth_llama = {fused: korthikanti_layer_bytes(LS, LB, LH, LA, fused_attention=fused)
+               for fused in (True, False)}
+llama_ratio = ledger.claim(
+    "activations.llama_block.measured_over_korthikanti",
+    round(llama_saved / korth_llama[True], 2), "ratio", shape=llama_shape,
+    formula="Korthikanti Eq. 1 without the scores term, 34*s*b*h (fused attention)")
+llama_ratio_scores = ledger.claim(
+    "activations.llama_block.measured_over_korthikanti_with_scores",
+    round(llama_saved / korth_llama[False], 2), "ratio", shape=llama_shape,
+    formula="Korthikanti Eq. 1, 34*s*b*h + 5*a*s*s*b")
+show(table([("measured (hooks) = per-operation count", llama_saved),
+            ("Korthikanti 34·sbh (fused attention)", korth_llama[True]),
+            ("Korthikanti 34·sbh + 5as²b", korth_llama[False])],
+           ["one Llama-style block, " + llama_shape, "bytes"],
+           record=ledger, name="activations.llama_block.table", keys=["measured", "fused",
+                                                                     "with_scores"]))
+
+# %%
+# The block keeps :claim:`activations.llama_block.measured_over_korthikanti` times Korthikanti's
+# ``34 s b h`` (the calculator's formula) and
+# :claim:`activations.llama_block.measured_over_korthikanti_with_scores` times the full Eq. 1 with
+# its scores term, which SDPA never stores: the SwiGLU MLP's three ``m``-wide tensors outweigh the
+# ``4h`` GELU MLP's, and grouped-query attention saves little on ``k`` and ``v``. The calculator's
+# activation figures for Llama models are therefore low by about that factor.
 
 # %%
 # SDPA and explicit attention compute the same thing; only the memory differs
