@@ -7,7 +7,7 @@ Activation memory, measured; activation checkpointing with FSDP2
 
    When activations, not model state, decide whether a model fits, wrap every block in
    ``checkpoint_wrapper`` before ``fully_shard``: the blocks then keep
-   :claim:`tinylm.ac.saved_ratio`\ x fewer bytes, for one extra forward per block
+   :claim:`tinylm.ac.saved_ratio` times fewer bytes, for one extra forward per block
    (:claim:`tinylm.ac.checkpointed.block_forwards_per_step` block forwards per step instead of
    :claim:`tinylm.ac.plain.block_forwards_per_step`), losses bitwise equal. Budget a Llama block at
    :claim:`activations.llama_block.measured_over_korthikanti` times Korthikanti's ``34sbh``.
@@ -512,7 +512,7 @@ drop = ac_claim("checkpointed.loss_drop", checks.expect_order(
     keep="high"), "nats", fmt=".3f", steps=STEPS)
 cost = ac_claim("step_time_ratio", round(t_ckpt / t_plain, 2), "x",
                 device=plain["device"], steps_timed=len(plain["seconds"]))
-print(f"\nCheckpointing keeps {ckpt['saved']:,} B instead of {plain['saved']:,} B "
+print(f"\nCheckpointing keeps {rows[1][1]:.2f} MiB instead of {rows[0][1]:.2f} MiB "
       f"({less:.1f}x less); resident memory after the forward drops by "
       f"{drops['resident']:.2f} MiB where the hooks count {drops['hooks']:.2f} MiB. "
       f"Losses and parameters are bitwise equal; the loss fell by {drop:.3f} from step "
