@@ -122,9 +122,13 @@ def saved_by_block(cfg: ModelConfig, batch: int,
 BASE = ModelConfig(d_model=64, n_heads=4, d_mlp=256, max_seq=512)
 S, B = 64, 2  # tokens per sequence, sequences in the micro-batch
 saved, _ = saved_by_block(BASE, batch=B, seq=S)
+n_storages = ledger.claim(f"tinylm.block.sdpa.s{S}-b{B}.storages", len(saved.storages),
+                          "storages", model=repr(BASE))  # counted by the hooks
 print(table([(s.shape, s.dtype, s.nbytes) for s in saved.storages],
-            ["shape", "dtype", "bytes"],
-            title=f"one block, SDPA attention, s={S} b={B}: {len(saved.storages)} "
+            ["shape", "dtype", "bytes"], record=ledger,
+            name=f"tinylm.block.sdpa.s{S}-b{B}.storage",
+            keys=[f"n{i}" for i in range(len(saved.storages))],
+            title=f"one block, SDPA attention, s={S} b={B}: {n_storages} "
                   f"storages, {saved.nbytes:,} bytes (measured)"))
 
 # %%
@@ -145,7 +149,7 @@ derived = ledger.record(f"tinylm.block.sdpa.s{S}-b{B}.saved_bytes", checks.expec
 print(table([(t.name, t.tinylm, t.korthikanti) for t in terms]
             + [("total", derived, sum(t.korthikanti for t in terms))],
             [f"term (one layer, {shape})", "TinyLM bytes", "Korthikanti bytes"],
-            title=f"measured {saved.nbytes:,} B = derived {derived:,} B"))
+            record=ledger, name=f"tinylm.block.sdpa.s{S}-b{B}.terms", title=f"measured {saved.nbytes:,} B = derived {derived:,} B"))
 print("\nwhy they differ:")
 print("\n".join(f"- {t.name}: {t.why}" for t in terms))
 
@@ -179,7 +183,8 @@ for attention in ("sdpa", "explicit"):
                      korth / measured - 1))
 print(table(rows, ["attention", "s", "b", "h", "a", "measured B", "derived B",
                    "Korthikanti B", "Korthikanti error"],
-            formats={"Korthikanti error": "+.0%"}))
+            formats={"Korthikanti error": "+.0%"}, record=ledger, name="tinylm.block.shapes",
+            keys=[f"{r[0]}.s{r[1]}-b{r[2]}-h{r[3]}-a{r[4]}" for r in rows]))
 # A count of the rows above (each row ran its own check): nothing independent to compare it with.
 cases = ledger.claim("tinylm.block.formula_cases", len(rows), "shapes", guard="computed")
 
@@ -682,7 +687,8 @@ for key, row in MODELS.items():
                      gb(key, "deepspeed", DS_A * n_params / n + DS_C * largest)
                      if sharded else None,
                      gb(key, "accelerate", ACC * load * n_params, load_bytes=load)))
-print(table(est_rows, COLS, formats={c: ".2f" for c in COLS[1:]}))
+print(table(est_rows, COLS, formats={c: ".2f" for c in COLS[1:]}, record=ledger,
+            name="estimators.table"))
 k8 = f"llama-3.1-8b.fsdp2.n{N8}"
 # AdamW's 0-d step counters; FSDP2's rows beyond an even split (fp32)
 steps_bytes = len(llama.param_shapes()) * OPTIMIZERS["adamw"].step_bytes
@@ -755,7 +761,8 @@ PUBLISHED = {  # key: (label, measured bytes, model key in MODELS, seq_len, micr
 print(table([(label, seq or LT["seq_len"], micro, measured / GiB)
              for label, measured, _, seq, micro in PUBLISHED.values()],
             ["published (cited)", "tokens per sequence", "sequences per GPU",
-             "measured GiB"], formats={"measured GiB": ".1f"}))
+             "measured GiB"], formats={"measured GiB": ".1f"}, record=ledger,
+            name="published.cited"))
 
 
 def gib(key: str, what: str, n_bytes: float, **extra) -> float:
@@ -781,7 +788,7 @@ for key, (label, measured, model, seq, micro) in PUBLISHED.items():
 COLS = ["per GPU (GiB)", "measured", "state", "err state", "+ act, no AC", "err no AC",
         "+ act, full AC", "err full AC"]
 print(table(pub_rows, COLS, formats={c: ("+.0%" if c.startswith("err") else ".1f")
-                                     for c in COLS[1:]}))
+                                     for c in COLS[1:]}, record=ledger, name="published.table"))
 batch, seq = TT["local_batch"], TT["seq_len"]
 logits = ledger.claim("llama-3.1-8b.fp32_logits",
                       round(batch * seq * llama.vocab * 4 / GiB, 1), "GiB",

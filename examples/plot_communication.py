@@ -16,7 +16,7 @@ Communication, counted: 2Ψ vs 3Ψ
 Measured on CPU gloo processes (tiny models, two shared cores); the nccl column is a ring model,
 labelled so.
 
-ZeRO (Rajbhandari et al., arXiv 1910.02054, §7) prices data parallelism at **2Ψ elements per rank
+ZeRO (Rajbhandari et al., arXiv 1910.02054, section 7) prices data parallelism at **2Ψ elements per rank
 per step** for Ψ parameters: DDP's gradient all-reduce is a reduce-scatter plus an all-gather, Ψ each.
 Full sharding (ZeRO-3, FSDP2 with ``reshard_after_forward=True``) pays **3Ψ**: an all-gather of the
 parameters in forward, another in backward, and a reduce-scatter of the gradients: the famous
@@ -104,8 +104,12 @@ padded = ledger.claim(
     "tinylm.padded.fsdp2.buffer_elements",
     sum(comm.fsdp2_padded_numel(s, WORLD_SIZE) for s in shapes), "elements",
     guard="computed", **SETUP)
+padding = ledger.claim("tinylm.padded.fsdp2.padding_elements", padded - PSI, "elements",
+                       guard="computed", **SETUP)
+share = ledger.claim("tinylm.padded.fsdp2.padding_share", (padded - PSI) / PSI, "fraction",
+                     fmt=".3%", guard="computed", **SETUP)
 print(f"Ψ = {PSI:,} parameters; FSDP2's buffers at {WORLD_SIZE} ranks hold {padded:,} "
-      f"elements ({padded - PSI:,} of padding, {(padded - PSI) / PSI:.3%})")
+      f"elements ({padding:,} of padding, {share:.3%})")
 
 # %%
 # How the counting works
@@ -323,7 +327,7 @@ for claim, run, key, want, assumptions in CLAIMS:
         "ranks", rel=True, against="the model's ratio"), "× DDP's", fmt=".3f", **assumptions)
 elems, bytes32, bytes16, gloo, ring, keep, zero1, keep16, ring16 = (said[c] for c, *_ in CLAIMS)
 print(f"\nFSDP2 with resharding asks for {elems:.3f}× DDP's elements: ZeRO's "
-      f"3Ψ/2Ψ, plus {padded / PSI - 1:.3%} of padding. In fp32 that is also "
+      f"3Ψ/2Ψ, plus {share:.3%} of padding. In fp32 that is also "
       f"{bytes32:.3f}× the bytes; with bf16 all-gathers and an fp32 reduce-scatter it "
       f"is {bytes16:.3f}× the bytes ({ring16:.3f}× on an nccl ring, modelled), and "
       f"{keep16:.3f}× without resharding. On gloo, which runs the reduce-scatter as a full "

@@ -59,7 +59,7 @@ def shard(model: torch.nn.Module, mesh, reshard_after_forward: bool | int | None
 # unsharded are megabytes, visible above the noise of a process's resident memory. An integer
 # ``reshard_after_forward`` must divide the number of ranks (``fully_shard``'s docstring asks for a
 # divisor other than 1 and N), so this page uses ``K = N / 2``: ``2`` on its 4 ranks. On 2 ranks
-# no such integer exists, and the page refuses to start (its declaration says why, and why not 8).
+# no such integer exists, and the page refuses to start (its declaration says why, and why not eight).
 import dataclasses
 import statistics
 import time

@@ -55,7 +55,8 @@ def shard_for_gpus(model: torch.nn.Module, gpus: int, shard: int | None = None,
 # The hardware, as cited constants
 # --------------------------------
 # The model's inputs are link rates and NCCL's own latency constants, each from a published source
-# (the table below prints them with their sources). The throughput of one GPU is an assumption, a
+# (the table below prints them; each one's source is in the "Every number" ledger, and in
+# :data:`guide.constants.CONSTANTS`). The throughput of one GPU is an assumption, a
 # fraction of the H100's dense bf16 peak ("MFU"): the high end of the range torchtitan reports for
 # Llama-3.1-8B on H100 without Float8 (also in the table). The high end is the cautious choice
 # here: the faster the compute, the less of it there is to hide communication behind. torchtitan's
@@ -86,8 +87,8 @@ CITED = ["dgx_h100.gpus", "h100.nvlink_bandwidth", "dgx_h100.nics", "ndr.nic_ban
          "nccl.tuning.network_step_latency", "h100.dense_bf16_flops",
          "h100.memory_total", "torchtitan.llama3-8b.mfu.low",
          "torchtitan.llama3-8b.mfu.high"]
-show(table([[name, cite(ledger, name), CONSTANTS[name].unit, CONSTANTS[name].source]
-            for name in CITED], ["constant", "value", "unit", "source"],
+show(table([[name, cite(ledger, name), CONSTANTS[name].unit]
+            for name in CITED], ["constant", "value", "unit"],
            formats={"value": ",.15g"}, record=ledger, name="step_time.constants"))
 # %%
 PEAK_FLOPS = CONSTANTS["h100.dense_bf16_flops"].value
@@ -108,12 +109,13 @@ print(f"\nAssumed: {MFU:.0%} of the dense bf16 peak, {TFLOPS:,} TFLOP/s per GPU.
 # is nccl-tests' measure (``busbw``: the time of a collective is its ring bytes per rank over it).
 # The model prices links at their nominal rate, so it must never predict *less* than nccl-tests
 # measured, and the build fails unless it stays within :data:`guide.comm.BUSBW_FACTOR` of each
-# published figure (the same check runs in ``tests/comm/test_cost.py``).
+# published figure (the same check runs in ``tests/comm/test_cost.py``). Each figure's source (an
+# nccl or nccl-tests issue) is in :data:`guide.comm.PUBLISHED_BUS_BANDWIDTH` and in the ledger.
 rows = []
 for pub in comm.PUBLISHED_BUS_BANDWIDTH:
     model = comm.bus_bandwidth(pub.topology, pub.nodes * pub.topology.gpus_per_node,
                                algorithm=pub.algorithm)
-    published = f"{pub.low / 1e9:.0f}-{pub.high / 1e9:.0f}"
+    published = f"{pub.low / 1e9:.0f}-{pub.high / 1e9:.0f}"  # in the check's text
     top = comm.BUSBW_FACTOR * pub.high  # allowed: from the published low to FACTOR x high
     band = checks.expect_close(
         "busbw model", pub.what, model, (pub.low + top) / 2, (top - pub.low) / 2,
@@ -123,11 +125,12 @@ for pub in comm.PUBLISHED_BUS_BANDWIDTH:
     ledger.record(
         f"comm.busbw_model.all_reduce.{gpu}.{pub.nodes}x{pub.topology.gpus_per_node}",
         band, "bytes/s", hardware=pub.topology.name)
-    rows.append([pub.what, pub.nodes, published, model / 1e9, model / pub.high,
-                 pub.source])
-show(table(rows, ["setup (all_reduce, large messages)", "nodes", "published GB/s",
-                  "model GB/s", "model/published", "source"],
-           formats={"model GB/s": ".0f", "model/published": ".2f"}, record=ledger,
+    rows.append([pub.what, pub.nodes, pub.low / 1e9, pub.high / 1e9, model / 1e9,
+                 model / pub.high])
+show(table(rows, ["setup (all_reduce, large messages)", "nodes", "published low GB/s",
+                  "published high GB/s", "model GB/s", "model/published"],
+           formats={"published low GB/s": ".0f", "published high GB/s": ".0f",
+                    "model GB/s": ".0f", "model/published": ".2f"}, record=ledger,
            name="step_time.busbw", keys=[f"{r[0]}.{r[1]}" for r in rows]))
 # %%
 G = NODE.gpus_per_node
@@ -138,9 +141,11 @@ two_nodes = next(p for p in comm.PUBLISHED_BUS_BANDWIDTH
 one_nic_gbs = ledger.claim(f"comm.busbw_one_nic.all_reduce.h100.2x{G}",
                            round(comm.bus_bandwidth(one_nic, 2 * G) / 1e9), "GB/s",
                            hardware=one_nic.name)
+below = ledger.claim(f"comm.busbw_one_nic.all_reduce.h100.2x{G}.below_published",
+                     round(two_nodes.low / 1e9 / one_nic_gbs, 1), "x", hardware=one_nic.name)
 print(f"\nPricing every hop at one NIC's rate, as this site's earlier 'lower bound' "
-      f"did, gives {one_nic_gbs} GB/s on 2 nodes: "
-      f"{two_nodes.low / 1e9 / one_nic_gbs:.1f}x below what nccl-tests measures there.")
+      f"did, gives {one_nic_gbs} GB/s on 2 nodes: {below:.1f}x below what nccl-tests "
+      "measures there.")
 
 # %%
 # Does it fit? Llama-3-70B, per GPU
@@ -226,8 +231,8 @@ print(f"{PARAMS / 1e9:.2f}e9 parameters; activations of one {SEQ:,}-token sequen
 # is one step's collectives (:mod:`guide.comm.expected`: bf16 all-gathers, fp32 reduce-scatters and
 # all-reduces, as ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` issues them) priced
 # one after another (:func:`guide.comm.step_seconds`). Compute is torchtitan's FLOP count per token
-# (``6Ψ`` without the input embedding, plus attention's ``12 · layers · hidden · seq_len``), 4/3 of
-# it with full checkpointing (the forward runs twice), at the MFU above
+# (``6Ψ`` without the input embedding, plus attention's ``12 · layers · hidden · seq_len``), a third
+# more with full checkpointing (the forward runs twice), at the MFU above
 # (:func:`guide.comm.compute_seconds`).
 # The step estimate assumes FSDP2's prefetching hides communication behind compute completely: it
 # is the larger of the two, a lower bound on the real step.
@@ -334,7 +339,8 @@ print(f"\nNever fits: {never}. No sequence of {SEQ:,} tokens fits without "
 # micro-batches of one ``SEQ_SCAN``-token sequence per step and accumulates their gradients.
 # Neither FSDP2 nor HSDP can skip the reduce-scatter between micro-batches here: skipping it
 # (``set_requires_gradient_sync(False)``) keeps every gradient unsharded until the last micro-batch
-# (printed below: it does not fit; with ``reduce_dtype=torch.float32`` they accumulate in fp32). So each micro-batch gathers every parameter twice and
+# (printed below: it does not fit; with ``reduce_dtype=torch.float32`` they accumulate in fp32).
+# So each micro-batch gathers every parameter twice and
 # reduce-scatters every gradient, over all ``N`` GPUs for FSDP2 and over a shard group of ``s`` GPUs
 # for HSDP; HSDP then all-reduces each GPU's gradient shard across the ``N/s`` replicas **once per
 # step**, skipping it on the other micro-batches with ``set_requires_all_reduce(False)``
@@ -481,7 +487,8 @@ plt.show()
 # but the last micro-batch, while every micro-batch still gathers). Compute counts FLOPs the way
 # torchtitan does (attention included, causal masking not halved: attention is
 # :claim:`step_time.llama-3-70b.attention_flops_share` of them at 8,192 tokens). Memory leaves out
-# the CUDA context, NCCL's buffers and fragmentation. Large runs of this model also add tensor parallelism inside the node, which cuts
+# the CUDA context, NCCL's buffers and fragmentation. Large runs of this model also add tensor
+# parallelism inside the node, which cuts
 # both the state each GPU holds and the bytes FSDP2 gathers; this page prices data parallelism alone.
 
 # %%
