@@ -265,9 +265,12 @@ llama_saved = ledger.record("activations.llama_block.saved_bytes", checks.expect
     against="the per-operation count"), "bytes", fmt=",.0f", shape=llama_shape)
 korth_llama = {fused: korthikanti_layer_bytes(LS, LB, LH, LA, fused_attention=fused)
                for fused in (True, False)}
-llama_ratio = ledger.claim(
-    "activations.llama_block.measured_over_korthikanti",
-    round(llama_saved / korth_llama[True], 2), "ratio", shape=llama_shape,
+llama_ratio = ledger.record(
+    "activations.llama_block.measured_over_korthikanti", checks.expect_close(
+        "Llama block activations", llama_shape, saved_llama.nbytes / korth_llama[True],
+        llama_layer_bytes(LS, LB, LH, LA, LKV, LM) / korth_llama[True], 0, "ratio",
+        against="the per-operation count over 34*s*b*h"), "ratio", fmt=".2f",
+    shape=llama_shape,
     formula="Korthikanti Eq. 1 without the scores term, 34*s*b*h (fused attention)")
 llama_ratio_scores = ledger.claim(
     "activations.llama_block.measured_over_korthikanti_with_scores",
