@@ -1,6 +1,20 @@
 """
-Step time at scale, estimated
+Step time at scale, predicted
 =============================
+
+.. admonition:: Verdict
+   :class: tip
+
+   For Llama-3-70B on 8-GPU H100 nodes, use FSDP2 (or HSDP with a shard group of two nodes or
+   more) with full activation checkpointing; these never fit:
+   :claim:`step_time.llama-3-70b.never_fits`. At a 4M-token batch, switch from FSDP2 to HSDP
+   (shard 16) from :claim:`step_time.hsdp_shard16.beats_fsdp2_from <nodes>` on: at the largest
+   scale scanned its predicted communication is
+   :claim:`step_time.hsdp_shard16.comm_share.128_nodes` of compute, FSDP2's
+   :claim:`step_time.fsdp2.comm_share.128_nodes`.
+
+Nothing on this page is measured: every GPU number is **predicted** from cited link rates and
+labelled so.
 
 The :ref:`communication page <sphx_glr_auto_examples_plot_communication.py>` counts, on CPU ranks,
 every byte DDP and FSDP2 send. What those bytes cost on a GPU cluster cannot be measured on this
@@ -14,17 +28,45 @@ Nothing here runs on several ranks: it is arithmetic on parameter shapes.
 """
 
 # %%
+# The configurations priced, in plain PyTorch
+# -------------------------------------------
+# What the page prices for a GPU run: ``fully_shard`` on each block and the root, bf16 compute with
+# fp32 gradient reduction, over one flat mesh (FSDP2) or a 2-D mesh that shards inside a group of
+# ``shard`` GPUs and replicates across groups (HSDP). ``reshard_after_forward=False`` is the
+# "no reshard" row. The pricing below reads its dtypes from this ``MP`` policy.
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+MP = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def shard_for_gpus(model: torch.nn.Module, gpus: int, shard: int | None = None,
+                   reshard_after_forward: bool = True) -> torch.nn.Module:
+    """FSDP2 over ``gpus`` GPUs, or HSDP with shard groups of ``shard`` GPUs."""
+    mesh = (init_device_mesh("cuda", (gpus,)) if shard is None else
+            init_device_mesh("cuda", (gpus // shard, shard), mesh_dim_names=("dp", "shard")))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=MP, reshard_after_forward=reshard_after_forward)
+    return fully_shard(model, mesh=mesh, mp_policy=MP)
+
+
+# %%
 # The hardware, as cited constants
 # --------------------------------
 # The model's inputs are link rates and NCCL's own latency constants, each from a published source
-# (the table below prints them with their sources). The throughput of one GPU is an assumption, a
+# (the table below prints them; each one's source is in the "Every number" ledger, and in
+# :data:`guide.constants.CONSTANTS`). The throughput of one GPU is an assumption, a
 # fraction of the H100's dense bf16 peak ("MFU"): the high end of the range torchtitan reports for
 # Llama-3.1-8B on H100 without Float8 (also in the table). The high end is the cautious choice
-# here: the faster the compute, the less of it there is to hide communication behind.
+# here: the faster the compute, the less of it there is to hide communication behind. torchtitan's
+# MFU counts model FLOPs its own way (``get_num_flop_per_token``): ``6Ψ`` per token with Ψ the
+# parameters without the input embedding, plus ``12 · layers · hidden · seq_len`` for attention,
+# recomputation not counted. This page prices compute with that same count
+# (:func:`guide.comm.model_flops_per_token`), so the MFU applies to the FLOPs it was measured on.
 import math
 
 import matplotlib.pyplot as plt
-import torch
 
 import guide
 from guide import checks, comm
@@ -34,7 +76,7 @@ from guide.constants import CONSTANTS, cite
 from guide.memory import (GPU_MEMORY_CONSTANTS, GPU_TOTAL_MEMORY_GIB, PRESETS, GiB,
                           activation_bytes, per_rank_state_bytes, unsharded_param_bytes)
 from guide.plotting import style
-from guide.report import table
+from guide.report import show, table
 from guide.sharding import Strategy
 
 # It starts no job: every rank computes the same estimates, at any world size.
@@ -45,9 +87,10 @@ CITED = ["dgx_h100.gpus", "h100.nvlink_bandwidth", "dgx_h100.nics", "ndr.nic_ban
          "nccl.tuning.network_step_latency", "h100.dense_bf16_flops",
          "h100.memory_total", "torchtitan.llama3-8b.mfu.low",
          "torchtitan.llama3-8b.mfu.high"]
-print(table([[name, cite(ledger, name), CONSTANTS[name].unit, CONSTANTS[name].source]
-             for name in CITED], ["constant", "value", "unit", "source"],
-            formats={"value": ",.15g"}))
+show(table([[name, cite(ledger, name), CONSTANTS[name].unit]
+            for name in CITED], ["constant", "value", "unit"],
+           formats={"value": ",.15g"}, record=ledger, name="step_time.constants"))
+# %%
 PEAK_FLOPS = CONSTANTS["h100.dense_bf16_flops"].value
 MFU = CONSTANTS["torchtitan.llama3-8b.mfu.high"].value  # assumed (see above)
 GPU = "H100 (80 GB)"
@@ -66,12 +109,13 @@ print(f"\nAssumed: {MFU:.0%} of the dense bf16 peak, {TFLOPS:,} TFLOP/s per GPU.
 # is nccl-tests' measure (``busbw``: the time of a collective is its ring bytes per rank over it).
 # The model prices links at their nominal rate, so it must never predict *less* than nccl-tests
 # measured, and the build fails unless it stays within :data:`guide.comm.BUSBW_FACTOR` of each
-# published figure (the same check runs in ``tests/comm/test_cost.py``).
+# published figure (the same check runs in ``tests/comm/test_cost.py``). Each figure's source (an
+# nccl or nccl-tests issue) is in :data:`guide.comm.PUBLISHED_BUS_BANDWIDTH` and in the ledger.
 rows = []
 for pub in comm.PUBLISHED_BUS_BANDWIDTH:
     model = comm.bus_bandwidth(pub.topology, pub.nodes * pub.topology.gpus_per_node,
                                algorithm=pub.algorithm)
-    published = f"{pub.low / 1e9:.0f}-{pub.high / 1e9:.0f}"
+    published = f"{pub.low / 1e9:.0f}-{pub.high / 1e9:.0f}"  # in the check's text
     top = comm.BUSBW_FACTOR * pub.high  # allowed: from the published low to FACTOR x high
     band = checks.expect_close(
         "busbw model", pub.what, model, (pub.low + top) / 2, (top - pub.low) / 2,
@@ -81,11 +125,14 @@ for pub in comm.PUBLISHED_BUS_BANDWIDTH:
     ledger.record(
         f"comm.busbw_model.all_reduce.{gpu}.{pub.nodes}x{pub.topology.gpus_per_node}",
         band, "bytes/s", hardware=pub.topology.name)
-    rows.append([pub.what, pub.nodes, published, model / 1e9, model / pub.high,
-                 pub.source])
-print(table(rows, ["setup (all_reduce, large messages)", "nodes", "published GB/s",
-                   "model GB/s", "model/published", "source"],
-            formats={"model GB/s": ".0f", "model/published": ".2f"}))
+    rows.append([pub.what, pub.nodes, pub.low / 1e9, pub.high / 1e9, model / 1e9,
+                 model / pub.high])
+show(table(rows, ["setup (all_reduce, large messages)", "nodes", "published low GB/s",
+                  "published high GB/s", "model GB/s", "model/published"],
+           formats={"published low GB/s": ".0f", "published high GB/s": ".0f",
+                    "model GB/s": ".0f", "model/published": ".2f"}, record=ledger,
+           name="step_time.busbw", keys=[f"{r[0]}.{r[1]}" for r in rows]))
+# %%
 G = NODE.gpus_per_node
 one_nic = comm.Topology("one NIC per node", G, NODE.nvlink_bytes_per_s, 1,
                         NODE.nic_bytes_per_s)
@@ -94,9 +141,11 @@ two_nodes = next(p for p in comm.PUBLISHED_BUS_BANDWIDTH
 one_nic_gbs = ledger.claim(f"comm.busbw_one_nic.all_reduce.h100.2x{G}",
                            round(comm.bus_bandwidth(one_nic, 2 * G) / 1e9), "GB/s",
                            hardware=one_nic.name)
+below = ledger.claim(f"comm.busbw_one_nic.all_reduce.h100.2x{G}.below_published",
+                     round(two_nodes.low / 1e9 / one_nic_gbs, 1), "x", hardware=one_nic.name)
 print(f"\nPricing every hop at one NIC's rate, as this site's earlier 'lower bound' "
-      f"did, gives {one_nic_gbs} GB/s on 2 nodes: "
-      f"{two_nodes.low / 1e9 / one_nic_gbs:.1f}x below what nccl-tests measures there.")
+      f"did, gives {one_nic_gbs} GB/s on 2 nodes: {below:.1f}x below what nccl-tests "
+      "measures there.")
 
 # %%
 # Does it fit? Llama-3-70B, per GPU
@@ -116,7 +165,7 @@ SHAPES = ARCH.param_shapes()
 UNITS = ARCH.fsdp2_units()
 SEQ = 8192  # tokens per sequence; one sequence per GPU per micro-batch
 PRECISION, OPTIMIZER = "bf16_mixed", "adamw"
-BF16, FP32 = torch.bfloat16, torch.float32
+BF16, FP32 = MP.param_dtype, MP.reduce_dtype  # the policy above
 
 
 def fsdp2_buffer_bytes() -> int:
@@ -148,6 +197,16 @@ def fit(strategy: Strategy, n: int, seq: int) -> tuple[str, float, bool]:
     return "does not fit", headroom, True
 
 
+def flops_per_token(seq: int) -> float:
+    """torchtitan's model FLOPs per token (the count its MFU is measured on)."""
+    return comm.model_flops_per_token(ARCH.n_params - ARCH.vocab * ARCH.hidden, ARCH.layers,
+                                      ARCH.hidden, seq)
+
+
+ATTENTION_SHARE = ledger.claim(
+    "step_time.llama-3-70b.attention_flops_share", round(
+        1 - 6 * (ARCH.n_params - ARCH.vocab * ARCH.hidden) / flops_per_token(SEQ), 3),
+    "of model FLOPs", seq_len=SEQ, counts="torchtitan get_num_flop_per_token")
 BUFFERS = fsdp2_buffer_bytes()
 PARAMS = ledger.claim("llama-3-70b.params", ARCH.n_params, "parameters")
 ACT = {ac: ledger.claim(
@@ -171,8 +230,10 @@ print(f"{PARAMS / 1e9:.2f}e9 parameters; activations of one {SEQ:,}-token sequen
 # over a group of ``s`` GPUs (a node, or two) and replicates across the ``N/s`` groups. Communication
 # is one step's collectives (:mod:`guide.comm.expected`: bf16 all-gathers, fp32 reduce-scatters and
 # all-reduces, as ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` issues them) priced
-# one after another (:func:`guide.comm.step_seconds`). Compute is ``6Ψ`` FLOPs per token, ``8Ψ``
-# with checkpointing (the forward runs twice), at the MFU above (:func:`guide.comm.compute_seconds`).
+# one after another (:func:`guide.comm.step_seconds`). Compute is torchtitan's FLOP count per token
+# (``6Ψ`` without the input embedding, plus attention's ``12 · layers · hidden · seq_len``), a third
+# more with full checkpointing (the forward runs twice), at the MFU above
+# (:func:`guide.comm.compute_seconds`).
 # The step estimate assumes FSDP2's prefetching hides communication behind compute completely: it
 # is the larger of the two, a lower bound on the real step.
 NODES = (1, 2, 4, 16, 64)
@@ -217,15 +278,20 @@ for config in CONFIGS:
         if verdict != "does not fit":
             communication = comm_seconds(config, n)
             compute = comm.compute_seconds(ARCH.n_params, SEQ, PEAK_FLOPS, MFU,
-                                           recompute)
+                                           recompute, flops_per_token=flops_per_token(SEQ))
             priced[config, k] = (communication, compute)
             row |= {"buffers fit": "yes" if headroom >= BUFFERS else "tight",
                     "comm s": communication, "compute s": compute,
                     "step s": max(communication, compute),
                     "comm/compute": communication / compute}
         rows.append(row)
-print(table(rows, formats={"headroom GiB": ".1f", "comm s": ".2f", "compute s": ".2f",
-                           "step s": ".2f", "comm/compute": ".0%"}))
+show(table(rows, formats={"headroom GiB": ".1f", "comm s": ".2f", "compute s": ".2f",
+                          "step s": ".2f", "comm/compute": ".0%"},
+           title="Llama-3-70B per GPU, one 8,192-token sequence (predicted)", record=ledger,
+           name="step_time.llama-3-70b.table",
+           keys=[f"{r['configuration']}.{r['nodes']}" for r in rows]))
+# %%
+# The table's own checks: nothing that does not fit is priced, and every "never" has a reason.
 RUN = "70B time table"
 checks.expect("feasibility", RUN,
               all(r["step s"] is None for r in rows if r["memory"] == "does not fit"),
@@ -254,7 +320,7 @@ fsdp2 = [priced[Strategy.FSDP2.label, k] for k in NODES
 hidden = all(c < t for c, t in fsdp2)
 low, high, compute = (
     ledger.claim(f"step_time.llama-3-70b.fsdp2.{name}", round(v, digits),
-                 "s per step (estimate)", **ESTIMATE)
+                 "s per step (predicted)", **ESTIMATE)
     for name, v, digits in (("comm_s.min", min(c for c, _ in fsdp2), 2),
                             ("comm_s.max", max(c for c, _ in fsdp2), 2),
                             ("compute_s", fsdp2[0][1], 1)))
@@ -273,7 +339,8 @@ print(f"\nNever fits: {never}. No sequence of {SEQ:,} tokens fits without "
 # micro-batches of one ``SEQ_SCAN``-token sequence per step and accumulates their gradients.
 # Neither FSDP2 nor HSDP can skip the reduce-scatter between micro-batches here: skipping it
 # (``set_requires_gradient_sync(False)``) keeps every gradient unsharded until the last micro-batch
-# (printed below: it does not fit). So each micro-batch gathers every parameter twice and
+# (printed below: it does not fit; with ``reduce_dtype=torch.float32`` they accumulate in fp32).
+# So each micro-batch gathers every parameter twice and
 # reduce-scatters every gradient, over all ``N`` GPUs for FSDP2 and over a shard group of ``s`` GPUs
 # for HSDP; HSDP then all-reduces each GPU's gradient shard across the ``N/s`` replicas **once per
 # step**, skipping it on the other micro-batches with ``set_requires_all_reduce(False)``
@@ -289,16 +356,24 @@ checks.expect("feasibility", "HSDP scan",
               all(fit(Strategy.FSDP2, s, SEQ_SCAN)[0] != "does not fit" for s in
                   SCAN_SHARDS),
               "a shard group won't fit.")
-unsharded = unsharded_param_bytes(SHAPES, 2 * G, PRECISION)  # bf16 gradients: as much
+# With gradient sync skipped, FSDP2 accumulates the unsharded gradients in ``reduce_dtype``
+# (``MixedPrecisionPolicy``'s docstring; ``FSDPParam.to_accumulated_grad_if_needed``): fp32 here,
+# one fp32 element per parameter (checked against twice the bf16 unsharded parameters of the
+# memory model, an independent count).
+grad_bytes = ARCH.n_params * FP32.itemsize
+checks.expect_close("feasibility", "HSDP scan", grad_bytes / GiB,
+                    2 * unsharded_param_bytes(SHAPES, 1, PRECISION) / GiB, 0.01,
+                    "unsharded fp32 gradients", rel=True, unit="GiB",
+                    against="twice the bf16 unsharded parameters (guide.memory)")
 # If they fit, skipping the reduce-scatter between micro-batches is an option.
-unsharded = ledger.record("llama-3-70b.unsharded_params_per_gpu", checks.expect_order(
-    "feasibility", "HSDP scan", CAPACITY / GiB, unsharded / GiB, low_name="the GPU's memory",
-    high_name="the unsharded bf16 gradients", unit="GiB", keep="high"), fmt=".1f",
-    precision=PRECISION)
+unsharded = ledger.record("llama-3-70b.unsharded_fp32_grads_per_gpu", checks.expect_order(
+    "feasibility", "HSDP scan", CAPACITY / GiB, grad_bytes / GiB, low_name="the GPU's memory",
+    high_name="the unsharded fp32 gradients", unit="GiB", keep="high"), fmt=".1f",
+    precision=PRECISION, reduce_dtype="float32")
 capacity_gib = ledger.claim(f"{GPU_MEMORY_CONSTANTS[GPU].split('.')[0]}"
                             ".memory_total_gib", round(CAPACITY / GiB, 1), "GiB")
-print("Unsharded bf16 gradients of the whole model (as many bytes as its unsharded "
-      f"bf16 parameters): {unsharded:,.1f} GiB per GPU, more than the "
+print("Unsharded gradients of the whole model, accumulated in reduce_dtype=float32 "
+      f"(predicted): {unsharded:,.1f} GiB per GPU, more than the "
       f"{capacity_gib:.1f} GiB of an {GPU}: every micro-batch reduce-scatters.\n")
 
 
@@ -306,8 +381,8 @@ def scan_seconds(config: str, k: int) -> tuple[float, float]:
     """(communication, compute) per optimizer step on ``k`` nodes, estimated."""
     n = G * k
     micro = BATCH_TOKENS // (n * SEQ_SCAN)
-    compute = micro * comm.compute_seconds(ARCH.n_params, SEQ_SCAN, PEAK_FLOPS, MFU,
-                                           recompute=True)
+    compute = micro * comm.compute_seconds(ARCH.n_params, SEQ_SCAN, PEAK_FLOPS, MFU, True,
+                                           flops_per_token=flops_per_token(SEQ_SCAN))
     if config == Strategy.FSDP2.label:
         return micro * comm_seconds(config, n), compute
     shard = int(config.removeprefix("HSDP, shard "))
@@ -329,13 +404,15 @@ def share_of_compute(config: str, k: int) -> float | None:
 FSDP2 = Strategy.FSDP2.label
 SCAN_CONFIGS = [FSDP2, *(f"HSDP, shard {s}" for s in SCAN_SHARDS)]
 share = {c: [share_of_compute(c, k) for k in SCAN_NODES] for c in SCAN_CONFIGS}
-print(table([[k, G * k, BATCH_TOKENS // (G * k * SEQ_SCAN), scan_seconds(FSDP2, k)[1],
-              *(share[c][i] for c in SCAN_CONFIGS)] for i, k in enumerate(SCAN_NODES)],
-            ["nodes", "GPUs", "micro-batches", "compute s/step", *SCAN_CONFIGS],
-            formats={"compute s/step": ".1f", **dict.fromkeys(SCAN_CONFIGS, ".1%")},
-            title="Communication per optimizer step as a share of compute (estimates)"))
+show(table([[k, G * k, BATCH_TOKENS // (G * k * SEQ_SCAN), scan_seconds(FSDP2, k)[1],
+             *(share[c][i] for c in SCAN_CONFIGS)] for i, k in enumerate(SCAN_NODES)],
+           ["nodes", "GPUs", "micro-batches", "compute s/step", *SCAN_CONFIGS],
+           formats={"compute s/step": ".1f", **dict.fromkeys(SCAN_CONFIGS, ".1%")},
+           title="Communication per optimizer step as a share of compute (predicted)",
+           record=ledger, name="step_time.hsdp_scan"))
 
 
+# %%
 def beats_from(config: str) -> int | None:
     """The smallest node count from which ``config``'s estimate stays below FSDP2's."""
     for i, k in enumerate(SCAN_NODES):
@@ -361,8 +438,8 @@ def share_claim(c: str, value: float | checks.Checked) -> float:
     """Record a share at the largest scale: FSDP2's computed, each HSDP's ordered below it."""
     name = f"step_time.{claim_key(c)}.comm_share.{SCAN_NODES[-1]}_nodes"
     if isinstance(value, checks.Checked):
-        return ledger.record(name, value, "of compute (estimate)", fmt=".3f", **SCAN)
-    return ledger.claim(name, value, "of compute (estimate)", fmt=".3f", **SCAN)
+        return ledger.record(name, value, "of compute (predicted)", fmt=".3f", **SCAN)
+    return ledger.claim(name, value, "of compute (predicted)", fmt=".3f", **SCAN)
 
 
 last = {FSDP2: share_claim(FSDP2, share[FSDP2][-1])}
@@ -370,7 +447,7 @@ last |= {c: share_claim(c, checks.expect_order(
     "HSDP scan", f"{SCAN_NODES[-1]} nodes", share[c][-1], share[FSDP2][-1],
     low_name=f"{c}'s share", high_name="FSDP2's share")) for c in SCAN_CONFIGS[1:]}
 bound = [k for k, r in zip(SCAN_NODES, share[FSDP2]) if r > 1]
-print("\nEstimates: "
+print("\nPredicted: "
       + "; ".join(f"{c} never beats FSDP2 in this scan" if k == "never" else
                   f"{c} beats FSDP2 from {k} nodes on" for c, k in wins.items())
       + ". " + (f"FSDP2 is communication-bound from {bound[0]} nodes." if bound else
@@ -395,7 +472,7 @@ ax.set_ylim(bottom=0)
 ax.set_xlabel(f"nodes of {NODE.name}")
 ax.set_ylabel("communication / compute per step (%)")
 ax.set_title(f"Llama-3-70B, {BATCH_TOKENS / 2**20:.0f}M tokens per step: HSDP needs "
-             "less communication at scale (estimate)", fontsize=11)
+             "less communication at scale (predicted)", fontsize=11)
 ax.legend(loc="upper left", fontsize=9)
 plt.show()
 # sphinx_gallery_thumbnail_number = 1
@@ -407,9 +484,11 @@ plt.show()
 # congestion in the network, stragglers, message sizes below the bus bandwidth's plateau and
 # NVLink SHARP are not modelled. Overlap is assumed perfect, and only one all-reduce per step is
 # priced for HSDP (with gradient accumulation, ``set_requires_all_reduce(False)`` skips it on all
-# but the last micro-batch, while every micro-batch still gathers). Compute counts ``6Ψ`` per token
-# and leaves out attention's ``s²`` term. Memory leaves out the CUDA context, NCCL's buffers and
-# fragmentation. Large runs of this model also add tensor parallelism inside the node, which cuts
+# but the last micro-batch, while every micro-batch still gathers). Compute counts FLOPs the way
+# torchtitan does (attention included, causal masking not halved: attention is
+# :claim:`step_time.llama-3-70b.attention_flops_share` of them at 8,192 tokens). Memory leaves out
+# the CUDA context, NCCL's buffers and fragmentation. Large runs of this model also add tensor
+# parallelism inside the node, which cuts
 # both the state each GPU holds and the bytes FSDP2 gathers; this page prices data parallelism alone.
 
 # %%

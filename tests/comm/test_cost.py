@@ -87,12 +87,21 @@ def test_collective_seconds_is_latency_plus_bytes_over_bus_bandwidth():
 def test_compute_seconds():
     assert comm.compute_seconds(10, 5, 300, 0.5) == pytest.approx(2.0)
     assert comm.compute_seconds(10, 5, 300, 0.5, recompute=True) == pytest.approx(8 / 3)
+    # torchtitan's count: 6 per parameter + 12 * layers * hidden * seq_len per token.
+    flops = comm.model_flops_per_token(10, 2, 3, 4)
+    assert flops == 6 * 10 + 12 * 2 * 3 * 4
+    assert comm.compute_seconds(10, 5, 300, 0.5, flops_per_token=flops) == pytest.approx(
+        flops * 5 / 150)
+    assert comm.compute_seconds(10, 5, 300, 0.5, True, flops_per_token=flops) == pytest.approx(
+        flops * 5 / 150 * 4 / 3)
 
 
 @pytest.mark.parametrize("call", [
     lambda: Topology("x", 8, 0, 8, 1.0),
     lambda: Topology("x", 0, 1.0, 8, 1.0),
     lambda: comm.compute_seconds(1, 1, 1, 1.5),
+    lambda: comm.compute_seconds(1, 1, 1, 0.5, flops_per_token=0),
+    lambda: comm.model_flops_per_token(1, 0, 1, 1),
     lambda: comm.bus_bandwidth(H100_NODE, 16, algorithm="tree?"),
     lambda: comm.collective_seconds(Collective("all_gather", "float32", 4, 16, None, 16), H100_NODE,
                                     algorithm="hierarchical"),

@@ -19,6 +19,7 @@ from guide.memory.activations import (
     activation_bytes,
     checkpointed_layer_bytes,
     korthikanti_layer_bytes,
+    llama_layer_bytes,
     tinylm_layer_bytes,
     tinylm_terms,
 )
@@ -49,6 +50,37 @@ def _block_saved(cfg: ModelConfig, b: int, s: int) -> int:
 def test_measured_equals_derived_to_the_byte(attention, s, b, h, a, m):
     cfg = ModelConfig(d_model=h, n_heads=a, d_mlp=m, max_seq=128, attention=attention)
     assert _block_saved(cfg, b, s) == tinylm_layer_bytes(cfg, s, b)
+
+
+def _page_llama_block() -> type:
+    """The page's own ``LlamaBlock`` class, taken from its source (not a copy)."""
+    import ast
+
+    tree = ast.parse(PAGE.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "LlamaBlock")
+    scope = {"torch": torch, "nn": torch.nn, "F": torch.nn.functional}
+    exec(compile(ast.Module([node], []), str(PAGE), "exec"), scope)
+    return scope["LlamaBlock"]
+
+
+@pytest.mark.parametrize("s,b,h,a,kv,m", [
+    (16, 1, 64, 4, 1, 224), (128, 2, 128, 8, 1, 448), (33, 3, 96, 6, 2, 200),
+    (64, 2, 64, 4, 4, 256),
+])
+def test_llama_block_measured_equals_per_operation_count(s, b, h, a, kv, m):
+    torch.manual_seed(0)
+    block = _page_llama_block()(h, a, kv, m).to(torch.bfloat16)
+    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+    with SavedTensors() as saved:
+        block(x)
+    assert saved.nbytes == llama_layer_bytes(s, b, h, a, kv, m)
+    # the count tells the kv heads apart: one more kv head per group would change it
+    assert llama_layer_bytes(s, b, h, a, kv, m) != llama_layer_bytes(s, b, h, a, a, m) or kv == a
+
+
+def test_llama_layer_bytes_refuses_kv_heads_that_do_not_divide():
+    with pytest.raises(ValueError, match="kv_heads"):
+        llama_layer_bytes(8, 1, 64, 4, 3, 128)
 
 
 def test_closed_form_with_a_4h_mlp():

@@ -26,6 +26,7 @@ from guide.comm.cost import (
     collective_seconds,
     compute_seconds,
     gloo_bytes,
+    model_flops_per_token,
     ranks_per_node,
     ring_bytes,
     step_seconds,
@@ -53,6 +54,6 @@ __all__ = [
     "CollectiveLog", "FSDPGroup", "PublishedBusBandwidth", "Topology", "bus_bandwidth", "collective",
     "collective_seconds", "compute_seconds", "count_ddp_allreduce", "ddp_step", "fsdp2_groups",
     "fsdp2_padded_numel", "fsdp2_step", "fsdp2_unit_groups", "gloo_bytes", "hsdp_step",
-    "ranks_per_node", "ring_bytes", "step_seconds", "summarize", "wire_bytes_written", "zero1_step",
+    "model_flops_per_token", "ranks_per_node", "ring_bytes", "step_seconds", "summarize", "wire_bytes_written", "zero1_step",
     "zero_bytes", "zero_volume",
 ]

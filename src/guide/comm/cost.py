@@ -55,7 +55,7 @@ from guide.validate import positive_int
 
 __all__ = ["A100_NODE", "BUSBW_FACTOR", "H100_NODE", "PUBLISHED_BUS_BANDWIDTH", "PublishedBusBandwidth",
            "Topology", "bus_bandwidth", "collective_seconds", "compute_seconds", "gloo_bytes",
-           "ranks_per_node", "ring_bytes", "step_seconds"]
+           "model_flops_per_token", "ranks_per_node", "ring_bytes", "step_seconds"]
 
 _RING_FACTOR = {"all_gather": 1, "reduce_scatter": 1, "broadcast": 1, "all_reduce": 2,
                 "all_to_all": 1, "reduce": 1}
@@ -207,17 +207,33 @@ def step_seconds(step: Iterable[Collective], topology: Topology, all_reduce_stri
     return total
 
 
+def model_flops_per_token(n_params: float, layers: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token as torchtitan counts them for its MFU (``get_num_flop_per_token``):
+    ``6 * n_params`` (pass the parameters without the input embedding, as torchtitan does) plus
+    ``12 * layers * hidden * seq_len`` for attention's scores and weighted values (causal masking
+    not halved). Recomputation is not counted: MFU is model FLOPs over time."""
+    for name, v in (("n_params", n_params), ("layers", layers), ("hidden", hidden),
+                    ("seq_len", seq_len)):
+        if not v > 0:
+            raise ValueError(f"{name} must be positive, got {v!r}.")
+    return 6 * n_params + 12 * layers * hidden * seq_len
+
+
 def compute_seconds(n_params: float, tokens: float, peak_flops: float, fraction_of_peak: float,
-                    recompute: bool = False) -> float:
+                    recompute: bool = False, *, flops_per_token: float | None = None) -> float:
     """Training compute per step: ``6 * Ψ * tokens`` FLOPs (forward 2, backward 4 per parameter per
-    token; attention's ``s²`` term not counted), ``8 * Ψ * tokens`` with full activation
+    token; attention's ``s²`` term not counted) or ``flops_per_token * tokens`` where given (e.g.
+    :func:`model_flops_per_token`, the count torchtitan's MFU uses), times 4/3 with full activation
     checkpointing (the forward runs twice), at ``fraction_of_peak`` of ``peak_flops``."""
     for name, v in (("n_params", n_params), ("tokens", tokens), ("peak_flops", peak_flops)):
         if not v > 0:
             raise ValueError(f"{name} must be positive, got {v!r}.")
     if not 0 < fraction_of_peak <= 1:
         raise ValueError(f"fraction_of_peak must be in (0, 1], got {fraction_of_peak!r}.")
-    return (8 if recompute else 6) * n_params * tokens / (peak_flops * fraction_of_peak)
+    if flops_per_token is not None and not flops_per_token > 0:
+        raise ValueError(f"flops_per_token must be positive, got {flops_per_token!r}.")
+    per_token = 6 * n_params if flops_per_token is None else flops_per_token
+    return per_token * (4 / 3 if recompute else 1) * tokens / (peak_flops * fraction_of_peak)
 
 
 # -- what the model is checked against ----------------------------------------------------------------

@@ -41,7 +41,7 @@ from guide.validate import positive_int
 
 __all__ = ["CHECKPOINTING", "KORTHIKANTI_BYTES", "KORTHIKANTI_SBH", "KORTHIKANTI_SCORES", "Term",
            "activation_bytes", "checkpointed_layer_bytes", "korthikanti_layer_bytes",
-           "tinylm_layer_bytes", "tinylm_terms"]
+           "llama_layer_bytes", "tinylm_layer_bytes", "tinylm_terms"]
 
 #: Activation-checkpointing policies the calculator prices: ``"none"`` keeps every activation,
 #: ``"full"`` keeps each block's input and recomputes the rest in backward.
@@ -131,6 +131,26 @@ def checkpointed_layer_bytes(hidden: int, seq_len: int, micro_batch: int,
     positive_int("hidden", hidden)
     positive_int("bytes_per_element", bytes_per_element)
     return s * b * hidden * bytes_per_element
+
+
+def llama_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, kv_heads: int,
+                      mlp: int) -> int:
+    """Bytes one bf16 Llama-style block saves for backward (RMSNorm, grouped-query attention with
+    SDPA, SwiGLU MLP of width ``mlp``; no rotary embedding), operation by operation, as the
+    activation-memory example measures it on CPU: each RMSNorm (torch's composite form) keeps its
+    input upcast to fp32, the normalized fp32 tensor, an fp32 ``rstd`` per token and its bf16
+    output (``10sbh + 4sb``); attention keeps ``q`` (``2sbh``), ``k`` and ``v`` (``4sbh·kv/a``),
+    SDPA's fp32 log-sum-exp (``4asb``) and its output (``2sbh``); SwiGLU keeps the gate-and-up
+    projection (``4msb``), ``silu(gate)`` and their product (``2msb`` each)."""
+    s, b = _sizes(seq_len, micro_batch)
+    for name, v in (("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads), ("mlp", mlp)):
+        positive_int(name, v)
+    if heads % kv_heads or hidden % heads:
+        raise ValueError(f"kv_heads={kv_heads} must divide heads={heads}, and heads divide "
+                         f"hidden={hidden}.")
+    norms = 2 * (10 * s * b * hidden + 4 * s * b)
+    attention = 4 * s * b * hidden + 4 * s * b * hidden * kv_heads // heads + 4 * heads * s * b
+    return norms + attention + 8 * mlp * s * b
 
 
 def korthikanti_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, *,
