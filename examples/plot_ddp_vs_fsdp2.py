@@ -80,17 +80,20 @@ STEPS = 20
 CFG = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
                             vocab=CFG.vocab, seed=0)  # 4 sequences per rank, any N
-ledger = claims.Ledger("plot_ddp_vs_fsdp2", model=repr(CFG))  # every number this page states
+ledger = claims.Ledger("plot_ddp_vs_fsdp2")  # every number this page states
+MODEL = dict(model=repr(CFG))
 
 model = build_model(CFG)
 n_params = ledger.claim("tinylm.main.params", sum(p.numel() for p in model.parameters()),
-                        "parameters")
+                        "parameters", **MODEL)
 print(model)
 report.show(report.table(
-    [["TinyLM", n_params, n_params * 4 / 2**20, STEPS, BATCHES.shape[1], BATCHES.shape[2] - 1]],
-    ["model", "parameters", "fp32 MiB", "global batches", "sequences each", "tokens each"],
+    [["TinyLM", CFG.n_layers, n_params, n_params * 4 / 2**20, STEPS, BATCHES.shape[1],
+      BATCHES.shape[2] - 1]],
+    ["model", "blocks", "parameters", "fp32 MiB", "global batches", "sequences each",
+     "tokens each"],
     formats={"parameters": ",", "fp32 MiB": ".2f"}, record=ledger, name="tinylm.main",
-    keys=["setup"]))
+    keys=["setup"], **MODEL))
 
 # %%
 # The training step is the same for all three runs
@@ -107,7 +110,7 @@ for opt, (losses, _) in REFERENCE.items():
     drop = checks.assert_learns(f"reference, {opt}", losses)  # as reference_run does
     ref_rows.append([OPTIMIZERS[opt].label, losses[0], losses[-1], drop])
 REF_COLS = ["reference", "loss at step 0", f"loss at step {STEPS - 1}", "loss drop"]
-with ledger.scope(steps=STEPS, world_size=WORLD_SIZE):
+with ledger.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
     report.show(report.table(ref_rows, REF_COLS, formats={c: ".4f" for c in REF_COLS[1:]},
                              record=ledger, name="main-example.reference",
                              keys=list(REFERENCE)))
@@ -182,7 +185,7 @@ for (strategy, opt), results in runs.items():
     rows.append([run, d_loss, loss_tol, d_param, param_tol[opt]])
 
 COLS = ["run", "max loss gap", "loss tol", "max param gap", "param tol"]
-with ledger.scope(steps=STEPS, world_size=WORLD_SIZE):
+with ledger.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
     gaps_table = report.table(rows, COLS, formats={c: ".1e" for c in COLS[1:]},
                               record=ledger, name="main-example",
                               keys=[f"{s.value}.{o}" for s, o in runs])
@@ -254,7 +257,7 @@ report.show(report.table(
 # %%
 # One rank's shards, added up: about 1/N of the parameters (checked), against DDP's whole model.
 share = {r: held_elements[r].scaled(1 / n_params, "fraction") for r in ranks}
-with ledger.scope(world_size=WORLD_SIZE):
+with ledger.scope(world_size=WORLD_SIZE, **MODEL):
     holdings = report.table([[f"rank {r}", n_params, held_elements[r], share[r]] for r in ranks],
                             ["FSDP2", "parameters (DDP: every rank)", "held", "share"],
                             formats={"share": ".1%", "held": ","}, record=ledger,
@@ -277,7 +280,7 @@ shapes = list(full_shapes.values())
 steps_by = {DDP_: ddp_step(shapes, WORLD_SIZE),
             FSDP2_: fsdp2_step(fsdp2_groups(model), WORLD_SIZE)}
 sent = {s: sum(ring_bytes(c) for c in calls) for s, calls in steps_by.items()}
-with ledger.scope(world_size=WORLD_SIZE, precision="fp32"):
+with ledger.scope(world_size=WORLD_SIZE, precision="fp32", **MODEL):
     report.show(report.table(
         [[s.label, len(calls), sent[s] / 2**10] for s, calls in steps_by.items()],
         ["strategy", "collective calls", "KiB sent per rank (ring model)"],

@@ -16,10 +16,10 @@ page predicts no GPU numbers.
 
 Every rank gets a hard memory budget: the kernel refuses to grow its data segment beyond it
 (``RLIMIT_DATA``), so over-use is a real ``can't allocate memory`` error, not a number on a chart.
-One model, with SGD and momentum, is trained three ways under that same budget: DDP on 2 ranks
-must **fail**, with the launcher naming the rank, how much it asked for and the budget; FSDP2 on 2
-and on 4 ranks must **complete** and match a single-process reference. If DDP unexpectedly fits,
-or FSDP2 does not, the docs build fails and says which.
+One model, with SGD and momentum, is trained three ways under that same budget: DDP must
+**fail**, with the launcher naming the rank, how much it asked for and the budget; FSDP2 on as
+many ranks, and on twice as many, must **complete** and match a single-process reference. If DDP
+unexpectedly fits, or FSDP2 does not, the docs build fails and says which.
 """
 
 # %%
@@ -51,18 +51,18 @@ def wrap(model: torch.nn.Module, strategy: str, device_type: str = "cpu") -> tor
 # %%
 # The model and the budget
 # ------------------------
-# The model is :class:`guide.model.TinyLM` made wide (``d_model=512``, MLP 2048, 6 blocks), so that
-# its state, not the Python runtime, decides who fits. ``P`` is its fp32 parameter bytes. The
-# optimizer is SGD with momentum, one moment per parameter. (AdamW at the site's learning rate
-# does not learn on this wide model in a few steps, and a run that matches a reference which does
-# not learn proves nothing.)
+# The model is :class:`guide.model.TinyLM` made wide (``d_model=512``, ``d_mlp=2048``,
+# ``n_layers=6``), so that its state, not the Python runtime, decides who fits. ``P`` is its fp32
+# parameter bytes. The optimizer is SGD with momentum, one moment per parameter. (AdamW at the
+# site's learning rate does not learn on this wide model in a few steps, and a run that matches a
+# reference which does not learn proves nothing.)
 #
 # ``RLIMIT_DATA`` counts the rank's *whole* data segment (``VmData``), including the hundreds of MiB
 # it starts with (``torch`` imported, the process group up). So the budget is set relative to that
-# start, read inside the ranks before they build the model (:func:`guide.memory.data_segment_bytes`):
-# each rank may grow by ``HEADROOM × P``. The headroom sits between the two strategies' needs: DDP
-# holds 4 P between steps (parameters, gradients, momentum, and DDP's buckets); FSDP2 holds 3 P / N
-# plus one gathered block.
+# start, read inside the ranks before they build the model
+# (:func:`guide.memory.data_segment_bytes`): each rank may grow by ``HEADROOM × P``. The headroom
+# sits between the two strategies' needs: DDP holds 4 P between steps (parameters, gradients,
+# momentum, and DDP's buckets); FSDP2 holds 3 P / N plus one gathered block.
 import dataclasses
 import ctypes
 import gc
@@ -312,7 +312,7 @@ with ledger.scope(ddp_buckets=True, budget_mib=BUDGET_MIB, **RUN):
                record=ledger, name="oom", keys=[f"{s.value}.n{n}" for s, n in runs]))
 asked = ("an unknown amount" if oom.requested_bytes is None else "{:.1f} MiB".format(
     ledger.claim(f"oom.ddp.n{WORLD_SIZE}.requested_at_failure", oom.requested_bytes / MiB,
-                 "MiB", fmt=".1f", **RUN)))  # the allocator's own report
+                 "MiB", fmt=".1f", world_size=WORLD_SIZE, **RUN)))  # the allocator's report
 over = ledger.record(f"oom.ddp.n{WORLD_SIZE}.need_vs_headroom", checks.expect_order(
     "DDP out of memory", f"DDP x{WORLD_SIZE}", 1.0, need / headroom, low_name="1",
     high_name="DDP's peak / headroom", unit="x", keep="high"), fmt=".2f", headroom_p=HEADROOM,
@@ -347,7 +347,7 @@ ax.text(headroom / MiB, -0.8, f" budget {budget} MiB = start {start_mib} + {head
 ax.set_yticks(range(len(rows)), [r[0] for r in rows])
 ax.set_ylim(len(rows) - 0.5, -1.15)  # inverted, with a free row on top for the budget's label
 ax.set_xlim(0, max(r[3] for r in rows) * 1.35)
-ax.set_xlabel("per-rank memory above a fresh rank (MiB)")
+ax.set_xlabel("per-rank memory above the rank's start (MiB)")
 ax.set_title(f"SGD + momentum, {p_mib:.1f} MiB of fp32 parameters, one budget for "
              "every rank")
 # Swatches in neutral grey: each bar's colour is its strategy, its shade what the length means.

@@ -25,13 +25,10 @@ def test_model_state_page_fails_when_fsdp2_root_is_not_sharded(tmp_path):
     N=2, fp32 AdamW only: the page must fail naming the check, the strategy, N, the rank and the
     part that differs from the prediction."""
     faulty = _inject(MODEL_STATE_PAGE, [
-        ("else (1, 2, 4)\n", "else (2,)\n"),
+        ("else (1, 2, 4))\n", "else (2,))\n"),
         ('RUNS = (("fp32", "adamw"), ', 'RUNS = (("fp32", "adamw"),)  # '),
-        ("    return sharding.apply_fsdp2(model, mesh, **options)",
-         "    from torch.distributed.fsdp import fully_shard\n"
-         "    for block in model.blocks:\n"
-         "        fully_shard(block, mesh=mesh, **options)\n"
-         "    return model"),
+        # the root's call left out of the page's plain shard_fsdp2
+        ("    fully_shard(model, mesh=mesh, **options)\n", ""),
     ], tmp_path)
     run = run_python(faulty, timeout=240)
     assert run.returncode != 0, run.output[-2000:]
