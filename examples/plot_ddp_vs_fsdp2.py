@@ -9,7 +9,7 @@ DDP and FSDP2 train the same model
    :claim:`main-example.max_loss_gap <unit>`), so choose by memory and traffic. **Use DDP** while
    the model state (parameters, gradients, optimizer state) fits one GPU with room for
    activations: it moves fewer bytes per step (FSDP2 moves :claim:`main-example.bytes_ratio
-   <unit>` DDP's, ring model). **Use FSDP2** when it does not fit: each rank then holds
+   <unit>` bytes, ring model). **Use FSDP2** when it does not fit: each rank then holds
    :claim:`main-example.fsdp2.max_params_share` of the parameters instead of all of them.
 
 Measured on CPU gloo processes (tiny models, two shared cores); the bytes per step are the ring

@@ -5,8 +5,8 @@ Memory, measured: what each rank holds under DDP, ZeRO-1 and FSDP2
 .. admonition:: Verdict
    :class: tip
 
-   To divide the memory of the model state by N, use FSDP2: at N ranks each holds
-   :claim:`memory-model-state.fsdp2.widest.model_state_vs_ddp` of DDP's model state (the rest is
+   To divide the memory of the model state by N, use FSDP2: at N = 4 its fullest rank holds
+   :claim:`memory-model-state.fsdp2.widest.model_state_vs_ddp` of DDP's model state (1/N plus
    padding). ZeRO-1 divides only the optimizer state and DDP nothing, and DDP adds its gradient
    buckets on top. Budget :claim:`adamw.fp32.bytes_per_param` bytes per parameter for fp32 AdamW.
 
