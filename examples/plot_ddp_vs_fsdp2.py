@@ -260,7 +260,7 @@ share = {r: held_elements[r].scaled(1 / n_params, "fraction") for r in ranks}
 with ledger.scope(world_size=WORLD_SIZE, **MODEL):
     holdings = report.table([[f"rank {r}", n_params, held_elements[r], share[r]] for r in ranks],
                             ["FSDP2", "parameters (DDP: every rank)", "held", "share"],
-                            formats={"share": ".1%", "held": ","}, record=ledger,
+                            formats={"share": ".1%", "held": ",.0f"}, record=ledger,
                             name="main-example.fsdp2.holdings", keys=[f"rank{r}" for r in ranks])
     ledger.record("main-example.fsdp2.max_params_share", max(share.values()), fmt=".1%")
 report.show(holdings)
