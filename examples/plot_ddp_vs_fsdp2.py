@@ -2,21 +2,58 @@
 DDP and FSDP2 train the same model
 ==================================
 
-Data parallelism promises that N processes, each looking at 1/N of a batch, take *exactly* the step
-one process would take on the whole batch. DDP keeps a full copy of the model on every rank and
-all-reduces gradients; FSDP2 (``fully_shard``) keeps only a 1/N shard of every parameter, gradient
-and optimizer state per rank, and gathers the rest when it needs it. Different memory, different
-communication, and yet the same arithmetic.
+.. admonition:: Verdict
+   :class: tip
 
-This page does not take that on faith. It trains one mini transformer three ways on the same global
-batches and **fails the docs build** if any step disagrees:
+   Both take exactly the step one process takes (largest loss gap here:
+   :claim:`main-example.max_loss_gap <unit>`), so choose by memory and traffic. **Use DDP** while
+   the model state (parameters, gradients, optimizer state) fits one GPU with room for
+   activations: it moves fewer bytes per step (FSDP2 moves :claim:`main-example.bytes_ratio
+   <unit>` bytes, ring model). **Use FSDP2** when it does not fit: each rank then holds
+   :claim:`main-example.fsdp2.max_params_share` of the parameters instead of all of them.
 
-1. one process on the full global batch (the reference),
-2. DDP on 2 gloo ranks, each rank fed a *different* half of each batch,
-3. FSDP2 on 2 ranks: ``fully_shard`` on each transformer block, then on the root.
+Measured on CPU gloo processes (tiny models, two shared cores); the bytes per step are the ring
+model's prediction for the calls FSDP2 and DDP issue, and labelled so.
 
-Everything below ran when this page was built; every number in it comes from that run.
+The code to copy is the next block: plain PyTorch, nothing else. The rest of the page trains one
+mini transformer three ways on the same global batches (one process on the full batch; DDP; FSDP2,
+each rank fed its own slice of every batch) and **fails the docs build** if any step disagrees.
 """
+
+# %%
+# The code to copy
+# ----------------
+# DDP keeps a full copy of the model on every rank and all-reduces (averages) the gradients during
+# ``backward()``. ``fully_shard`` keeps a 1/N shard of every parameter, gradient and optimizer state
+# per rank and gathers the rest when it needs it. It is applied bottom-up: each block becomes one
+# communication unit (one all-gather in forward, one in backward, one reduce-scatter of its
+# gradients), and the root call picks up what is left (embeddings, final norm, head). Unlike DDP,
+# ``fully_shard`` does not broadcast weights: every rank must build the same initial model. The
+# training loop itself is unchanged for both; the page's workers below call these very functions.
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def wrap_ddp(model: torch.nn.Module) -> DDP:
+    """A full replica per rank; rank 0's weights broadcast, gradients averaged in backward."""
+    return DDP(model)  # on GPU: DDP(model.cuda(rank), device_ids=[rank])
+
+
+def make_mesh(device_type: str) -> DeviceMesh:
+    """A 1-D mesh over every rank of the process group ("cuda" on GPUs, "cpu" with gloo)."""
+    return init_device_mesh(device_type, (dist.get_world_size(),))
+
+
+def shard_fsdp2(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
+    """FSDP2: each block one unit, then the root; every parameter becomes a sharded DTensor."""
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
 
 # %%
 # The model and the data
@@ -24,15 +61,13 @@ Everything below ran when this page was built; every number in it comes from tha
 # :class:`guide.model.TinyLM` is a GPT-style model small enough for two CPU processes: token and
 # position embeddings, pre-norm blocks of causal self-attention and an MLP, a final LayerNorm and an
 # LM head. The data are token sequences that follow an arithmetic progression modulo the vocabulary,
-# so the loss falls visibly within a few dozen steps.
+# so the loss falls visibly within a few dozen steps. Everything below ran when this page was built.
 import matplotlib.pyplot as plt
-import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
 from guide import checks, claims, plotting, report
+from guide.comm.cost import ring_bytes
+from guide.comm.expected import ddp_step, fsdp2_groups, fsdp2_step
 from guide.data import synthetic_batches
 from guide.layout import full_state, param_layouts
 from guide.model import ModelConfig, build_model
@@ -46,15 +81,19 @@ CFG = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
                             vocab=CFG.vocab, seed=0)  # 4 sequences per rank, any N
 ledger = claims.Ledger("plot_ddp_vs_fsdp2")  # every number this page states
+MODEL = dict(model=repr(CFG))
 
 model = build_model(CFG)
-n_params = sum(p.numel() for p in model.parameters())
-n_params = ledger.claim("tinylm.main.params", n_params, "parameters", model=repr(CFG))
-fp32_mib = ledger.claim("tinylm.main.params_fp32", round(n_params * 4 / 2**20, 2),
-                        "MiB", model=repr(CFG))
+n_params = ledger.claim("tinylm.main.params", sum(p.numel() for p in model.parameters()),
+                        "parameters", **MODEL)
 print(model)
-print(f"\n{n_params:,} parameters ({fp32_mib:.2f} MiB in fp32); {STEPS} global batches "
-      f"of {BATCHES.shape[1]} sequences x {BATCHES.shape[2] - 1} tokens")
+report.show(report.table(
+    [["TinyLM", CFG.n_layers, n_params, n_params * 4 / 2**20, STEPS, BATCHES.shape[1],
+      BATCHES.shape[2] - 1]],
+    ["model", "blocks", "parameters", "fp32 MiB", "global batches", "sequences each",
+     "tokens each"],
+    formats={"parameters": ",", "fp32 MiB": ".2f"}, record=ledger, name="tinylm.main",
+    keys=["setup"], **MODEL))
 
 # %%
 # The training step is the same for all three runs
@@ -69,47 +108,34 @@ REFERENCE = {opt: reference_run(CFG, opt, BATCHES) for opt in ("sgd", "adamw")}
 ref_rows = []
 for opt, (losses, _) in REFERENCE.items():
     drop = checks.assert_learns(f"reference, {opt}", losses)  # as reference_run does
-    with ledger.scope(model=repr(CFG), steps=STEPS, world_size=WORLD_SIZE):
-        ledger.record(f"main-example.reference.{opt}.loss_drop", drop, fmt=".4f")
-        first, last = (ledger.claim(f"main-example.reference.{opt}.loss.{when}", loss, "nats",
-                                    fmt=".4f")
-                       for when, loss in (("first", losses[0]), ("last", losses[-1])))
-    ref_rows.append([OPTIMIZERS[opt].label, first, last])
-REF_COLS = ["reference", "loss at step 0", f"loss at step {STEPS - 1}"]
-print(report.table(ref_rows, REF_COLS, formats={c: ".4f" for c in REF_COLS[1:]}))
+    ref_rows.append([OPTIMIZERS[opt].label, losses[0], losses[-1], drop])
+REF_COLS = ["reference", "loss at step 0", f"loss at step {STEPS - 1}", "loss drop"]
+with ledger.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
+    report.show(report.table(ref_rows, REF_COLS, formats={c: ".4f" for c in REF_COLS[1:]},
+                             record=ledger, name="main-example.reference",
+                             keys=list(REFERENCE)))
 
 # %%
-# The DDP worker
-# --------------
-# Each rank builds the model, wraps it in ``DDP`` (which broadcasts rank 0's weights and registers
-# the gradient all-reduce), and trains on its own half of every batch. :func:`guide.launch` runs the
-# function on ``WORLD_SIZE`` ranks of a gloo process group and returns each rank's result here.
+# The workers
+# -----------
+# Each rank builds the model and wraps it with the functions above, then trains on its own slice of
+# every batch. :func:`guide.launch` runs a worker on ``WORLD_SIZE`` ranks of a gloo process group
+# and returns each rank's result here. ``full_state`` gathers the parameters the ranks hold (for
+# FSDP2, ``full_tensor()`` of every ``DTensor``); ``param_layouts`` notes how each is stored.
 
 
 def ddp_worker(rank: guide.Rank, optimizer: str) -> TrainResult:
-    model = DDP(build_model(CFG, device=rank.device))
+    model = wrap_ddp(build_model(CFG, device=rank.device))
     initial = full_state(model)
     opt = make_optimizer(optimizer, model.parameters())
     losses = train_steps(model, opt, BATCHES, rank)
     return TrainResult(losses, full_state(model), initial, param_layouts(model, rank.rank))
 
 
-# %%
-# The FSDP2 worker
-# ----------------
-# ``fully_shard`` is applied bottom-up: each block becomes one communication unit (one all-gather of
-# its parameters in forward, again in backward, one reduce-scatter of its gradients), and the root
-# call picks up what is left (embeddings, final norm, head). Every parameter becomes a ``DTensor``
-# sharded on dim 0 across the mesh. ``fully_shard`` does **not** broadcast weights, so every rank
-# builds the same initial model (``build_model`` seeds it); ``full_tensor()`` gathers the result.
-
-
 def fsdp2_worker(rank: guide.Rank, optimizer: str) -> TrainResult:
     model = build_model(CFG, device=rank.device)
-    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    mesh = make_mesh(rank.device.type)
+    shard_fsdp2(model, mesh)
     initial = full_state(model)  # all-gathers the shards: the model the ranks hold
     opt = make_optimizer(optimizer, model.parameters())  # on the sharded parameters
     losses = train_steps(model, opt, BATCHES, rank)
@@ -130,25 +156,18 @@ for opt in ("sgd", "adamw"):
 # before the first step must be the reference's, bit for bit, and after the last step every rank
 # must hold the same parameters (replicas that drift apart were never synchronised). Then every
 # step's global loss (the mean of the ranks' losses, whose batch slices are equal) must match the
-# reference within
-# :data:`guide.checks.LOSS_TOL`, and the trained parameters within :data:`guide.checks.PARAM_TOL`.
-# The tolerances come from measurement: the only gap between one process and N is the order of
-# floating-point additions. SGD catches a gradient that is summed instead of averaged (every step
-# N times too large); AdamW, whose update ignores the gradient's scale, would hide it, so both run.
+# reference within :data:`guide.checks.LOSS_TOL`, and the trained parameters within
+# :data:`guide.checks.PARAM_TOL`. The tolerances come from measurement: the only gap between one
+# process and N is the order of floating-point additions. SGD catches a gradient that is summed
+# instead of averaged (every step N times too large); AdamW, whose update ignores the gradient's
+# scale, would hide it, so both run.
 full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
 initial = full_state(model)
 loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
 param_tol = {opt: ledger.claim(f"tolerance.param.{opt}", checks.PARAM_TOL[opt],
                                "absolute") for opt in ("sgd", "adamw")}
 
-
-def gap(name: str, checked: checks.Checked) -> float:
-    """Record a gap a check measured as this page prints it (2 digits), with that check."""
-    return ledger.record(f"main-example.{name}", checked, fmt=".1e", model=repr(CFG),
-                         steps=STEPS, world_size=WORLD_SIZE)
-
-
-rows = []
+rows, loss_gaps = [], []
 for (strategy, opt), results in runs.items():
     run = f"{strategy.label} x{WORLD_SIZE}, {opt}"
     layouts = [lay for r in results for lay in r.layouts]
@@ -161,15 +180,17 @@ for (strategy, opt), results in runs.items():
     ref_losses, ref_params = REFERENCE[opt]
     losses = mean_over_ranks([r.losses for r in results])
     d_loss = checks.assert_losses_match(run, ref_losses, losses, loss_tol)
-    d_param = checks.assert_params_match(run, ref_params, results[0].params,
-                                         param_tol[opt])
-    key = f"{strategy.value}.{opt}"
-    d_loss = gap(f"{key}.max_loss_gap", d_loss)
-    d_param = gap(f"{key}.max_param_gap", d_param)
+    d_param = checks.assert_params_match(run, ref_params, results[0].params, param_tol[opt])
+    loss_gaps.append(d_loss)
     rows.append([run, d_loss, loss_tol, d_param, param_tol[opt]])
 
-COLS = ["run", "max |Δloss|", "loss tol", "max |Δparam|", "param tol"]
-print(report.table(rows, COLS, formats={c: ".1e" for c in COLS[1:]}))
+COLS = ["run", "max loss gap", "loss tol", "max param gap", "param tol"]
+with ledger.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
+    gaps_table = report.table(rows, COLS, formats={c: ".1e" for c in COLS[1:]},
+                              record=ledger, name="main-example",
+                              keys=[f"{s.value}.{o}" for s, o in runs])
+    max_gap = ledger.record("main-example.max_loss_gap", max(loss_gaps), fmt=".1e")
+report.show(gaps_table)
 print("\nAll checks passed: DDP and FSDP2 reproduce the single-process run "
       "step for step.")
 
@@ -219,25 +240,56 @@ plt.show()
 # The same parameters, as each rank stores them after training. DDP keeps the full tensor on every
 # rank; FSDP2 keeps a ``DTensor`` whose local shard is one chunk of dim 0 (``torch.chunk``
 # semantics: ceil-sized chunks in rank order, so the last ranks get what is left, possibly
-# nothing). One rank's shards add up to 1/N of the
-# model, which is where FSDP2's memory saving comes from.
+# nothing). One rank's shards add up to about 1/N of the model, which is where FSDP2's memory
+# saving comes from: the fullest rank holds :claim:`main-example.fsdp2.max_params_share` of the
+# parameters (each share is checked against ``torch.chunk``'s rows by ``assert_sharded``).
 shown = ["tok_emb.weight", "blocks.0.qkv.weight", "blocks.0.fc2.weight",
          "blocks.0.ln1.bias", "head.weight"]
 layout = {(s, lay.name, lay.rank): lay for s in (DDP_, FSDP2_)
           for r in runs[s, "adamw"] for lay in r.layouts}
 ranks = range(WORLD_SIZE)
 runs_ranks = [(s, r) for s in (DDP_, FSDP2_) for r in ranks]
-print(report.table(
+report.show(report.table(
     [[name, full_shapes[name], *(layout[s, name, r].local_shape for s, r in runs_ranks)]
      for name in shown],
     ["parameter", "global", *(f"{s.label} r{r}" for s, r in runs_ranks)]))
-held = {r: sum(torch.Size(lay.local_shape).numel() for (s, _, rr), lay in layout.items()
-               if s is FSDP2_ and rr == r) for r in ranks}  # shapes: assert_sharded
-share = {r: ledger.record(f"main-example.fsdp2.rank{r}.params_share",
-                          held_elements[r].scaled(1 / n_params, "fraction"), fmt=".1%",
-                          model=repr(CFG), world_size=WORLD_SIZE)
-         for r in held}
-print(report.table([[f"rank {r}", n_params, n, share[r]] for r, n in held.items()],
-                   ["FSDP2", "parameters (DDP: every rank)", "held", "share"],
-                   formats={"share": ".1%"}))
-print(f"placements: {layout[FSDP2_, 'blocks.0.qkv.weight', 0].placements}")
+
+# %%
+# One rank's shards, added up: about 1/N of the parameters (checked), against DDP's whole model.
+share = {r: held_elements[r].scaled(1 / n_params, "fraction") for r in ranks}
+with ledger.scope(world_size=WORLD_SIZE, **MODEL):
+    holdings = report.table([[f"rank {r}", n_params, held_elements[r], share[r]] for r in ranks],
+                            ["FSDP2", "parameters (DDP: every rank)", "held", "share"],
+                            formats={"share": ".1%", "held": ",.0f"}, record=ledger,
+                            name="main-example.fsdp2.holdings", keys=[f"rank{r}" for r in ranks])
+    ledger.record("main-example.fsdp2.max_params_share", max(share.values()), fmt=".1%")
+report.show(holdings)
+
+# %%
+# Bytes per step
+# --------------
+# The price of sharding is traffic. DDP all-reduces every gradient once per step; FSDP2
+# all-gathers each block's parameters in forward and again in backward and reduce-scatters its
+# gradients (the root's parameters stay gathered until backward, so it gathers them once). Under
+# the ring algorithm (what NCCL approaches) an all-reduce costs twice what an all-gather or a
+# reduce-scatter of the same buffer costs, so FSDP2 sends about half again DDP's bytes per step.
+# Computed from the calls :mod:`guide.comm.expected` predicts, not timed here:
+# the :doc:`communication page <plot_communication>` counts the calls themselves and checks them
+# against the same model.
+shapes = list(full_shapes.values())
+steps_by = {DDP_: ddp_step(shapes, WORLD_SIZE),
+            FSDP2_: fsdp2_step(fsdp2_groups(model), WORLD_SIZE)}
+sent = {s: sum(ring_bytes(c) for c in calls) for s, calls in steps_by.items()}
+with ledger.scope(world_size=WORLD_SIZE, precision="fp32", **MODEL):
+    report.show(report.table(
+        [[s.label, len(calls), sent[s] / 2**10] for s, calls in steps_by.items()],
+        ["strategy", "collective calls", "KiB sent per rank (ring model)"],
+        formats={"KiB sent per rank (ring model)": ",.1f"}, record=ledger,
+        name="main-example.bytes", keys=[s.value for s in steps_by]))
+    ratio = ledger.claim("main-example.bytes_ratio", sent[FSDP2_] / sent[DDP_], "× DDP's",
+                         fmt=".2f")
+report.conclusion(
+    f"Same step, measured: the largest loss gap is {max_gap:.1e} nats. Memory: an FSDP2 rank "
+    f"holds at most {max(share.values()):.1%} of the parameters, a DDP rank all of them. "
+    f"Traffic: FSDP2 sends {ratio:.2f}x DDP's bytes per step (ring model). Use DDP while the "
+    "model state fits one GPU; use FSDP2 when it does not.")

@@ -2,28 +2,57 @@
 Memory, measured: what each rank holds under DDP, ZeRO-1 and FSDP2
 ===================================================================
 
-Data parallelism multiplies the *work* by N; whether it divides the *memory* depends on what every
-rank keeps between steps. That is the **model state**: parameters, their gradients and the optimizer
-state (ZeRO, arXiv 1910.02054). With AdamW every parameter costs an fp32 weight, an fp32 gradient
-and two fp32 moments; bf16 compute with fp32 master weights costs the same (PyTorch keeps the fp32
-weight as the master copy); pure bf16 halves it. The first cell prints the bytes.
+.. admonition:: Verdict
+   :class: tip
 
-* **DDP** keeps all of it on every rank, plus a second copy of the gradients in its reducer's
-  buckets (``gradient_as_bucket_view=False``, the default). The buckets are not model state, so
-  every table below shows them in a column of their own.
-* **ZeRO-1** (DDP + :class:`~torch.distributed.optim.ZeroRedundancyOptimizer`) splits the optimizer
-  state, parameter by parameter.
-* **FSDP2** (``fully_shard``) splits all three along dim 0 of every tensor.
+   To divide the memory of the model state by N, use FSDP2: at N = 4 its fullest rank holds
+   :claim:`memory-model-state.fsdp2.widest.model_state_vs_ddp` of DDP's model state (1/N plus
+   padding). ZeRO-1 divides only the optimizer state and DDP nothing, and DDP adds its gradient
+   buckets on top. Budget :claim:`adamw.fp32.bytes_per_param` bytes per parameter for fp32 AdamW.
 
-:mod:`guide.memory.predicted` predicts these bytes per rank from the parameter shapes alone. This
-page trains a small model for one step under each strategy on several CPU gloo ranks, reads the
-tensor storage every rank really holds (:func:`guide.memory.measure`), and **fails the build** if
-any rank, strategy or component differs from the prediction by more than a tolerance printed
-below. What it measures is tensor storage on CPU: the CUDA caching allocator's rounding, the CUDA
-context and fragmentation are neither measured here nor predicted. The
-:doc:`memory calculator <../pages/memory_calculator>` applies the same prediction to public
-models, up to Llama-3.1-405B.
+Measured on CPU gloo processes (tensor storage of a tiny model); the calculator applies the same,
+checked prediction to GPU-sized models, labelled predicted.
+
+The code to copy comes first; the page then trains a small model for one step under each strategy
+on several ranks, reads the tensor storage every rank really holds, and **fails the build** if any
+rank, strategy or part differs from the prediction of :mod:`guide.memory.predicted`.
 """
+
+# %%
+# The code to copy
+# ----------------
+# Three ways to spread one model over N ranks. **DDP** keeps parameters, gradients and optimizer
+# state on every rank, plus a second copy of the gradients in its reducer's buckets
+# (``gradient_as_bucket_view=False``, the default; the buckets are not model state, so every table
+# shows them apart). **ZeRO-1** is DDP with a ``ZeroRedundancyOptimizer``: each rank keeps the
+# optimizer state of whole parameters of its own. **FSDP2** splits all three along dim 0 of every
+# tensor. ``reshard_after_forward=False`` keeps each block's gathered parameters from forward to
+# backward; an optional ``MixedPrecisionPolicy`` computes in bf16 over fp32 shards.
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def shard_fsdp2(model: torch.nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True,
+                mp_policy: MixedPrecisionPolicy | None = None) -> torch.nn.Module:
+    """FSDP2: each block one unit, then the root."""
+    options = dict(reshard_after_forward=reshard_after_forward)
+    if mp_policy is not None:
+        options["mp_policy"] = mp_policy
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
+    return model
+
+
+def zero1_optimizer(ddp_model: DDP, optimizer_class: type) -> ZeroRedundancyOptimizer:
+    """ZeRO-1: DDP's model, each rank keeping the optimizer state of its share of parameters."""
+    return ZeroRedundancyOptimizer(ddp_model.parameters(), optimizer_class=optimizer_class)
+
+
+BF16_MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 # %%
 # A model with awkward shapes
@@ -32,22 +61,24 @@ models, up to Llama-3.1-405B.
 # embeddings and the LM head do not split evenly over 2 or 4 ranks. FSDP2 shards a tensor
 # like ``torch.chunk``: ``ceil(dim0/N)`` rows per rank until the rows run out, so the last ranks
 # get what is left, possibly nothing. It *pads* every rank's storage to ``ceil(dim0/N)`` rows, and
-# the prediction must account for that padding.
+# the prediction must account for that padding. With AdamW every parameter costs an fp32 weight,
+# an fp32 gradient and two fp32 moments; bf16 compute with fp32 master weights costs the same
+# (PyTorch keeps the fp32 weight as the master copy); pure bf16 halves it (ZeRO, arXiv 1910.02054).
+# What this page measures is tensor storage on CPU: the CUDA caching allocator's rounding, the CUDA
+# context and fragmentation are neither measured here nor predicted. The
+# :doc:`memory calculator <../pages/memory_calculator>` applies the same prediction to public
+# models, up to Llama-3.1-405B.
 import itertools
 import math
 
 import matplotlib.pyplot as plt
-import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, claims, memory, sharding
+from guide import checks, claims, memory
 from guide.data import synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
-from guide.report import table
+from guide.report import conclusion, show, table
 from guide.sharding import Strategy
 from guide.training import OPTIMIZERS, make_optimizer, train_steps
 
@@ -64,47 +95,35 @@ TOLERANCE = 0.005  # the prediction is meant to be exact to the byte
 MiB = 2**20
 
 ledger = claims.Ledger("plot_memory_model_state")  # every number this page states
+MODEL = dict(model=repr(CFG))
 SHAPES = memory.param_shapes(build_model(CFG))
 n_params = ledger.claim("tinylm.awkward.params", sum(math.prod(s) for s in SHAPES),
-                        "parameters", model=repr(CFG))
-per_param = {(p, o): ledger.claim(  # asserted below: measured = predicted, to the byte
-    f"{o}.{p}.bytes_per_param", memory.state_bytes_for_count(
-        1, "ddp", 1, p, o, ddp_buckets=False).model_state, "bytes per parameter",
-    # issue 23: unchecked, was asserted: model-state bytes
-    guard="computed", counts="model state (no DDP buckets)")
-    for p, o in RUNS}
-print(table([(memory.PRECISIONS[p].label, o, b) for (p, o), b in per_param.items()],
-            ["precision", "optimizer", "model state"],
-            title="bytes per parameter (predicted)"))
-uneven = sorted({f"{s[0]} rows" for s in SHAPES if s[0] % 4})
-print(f"{n_params:,} parameters in {len(SHAPES)} tensors "
-      f"({n_params * 4 / MiB:.3f} MiB in fp32); uneven dim 0: " + ", ".join(uneven))
+                        "parameters", **MODEL)
+uneven = sorted({s[0] for s in SHAPES if s[0] % 4}, reverse=True)  # split unevenly over 4
+show(table([["TinyLM, awkward", n_params, len(SHAPES), *uneven]],
+           ["model", "parameters", "tensors", *(f"uneven dim 0, #{i + 1}"
+                                                for i in range(len(uneven)))],
+           formats={"parameters": ","}, record=ledger, name="tinylm.awkward", keys=["shapes"],
+           **MODEL))
 
 # %%
 # One worker, every strategy
 # --------------------------
-# The worker builds the model, wraps it, trains one step (the optimizer creates its state on the
-# first ``step()``) and measures, for every (strategy, precision, optimizer). ``bf16_mixed`` is bf16
-# compute with fp32 master weights: ``torch.autocast`` for DDP and ZeRO-1, a
-# :class:`~torch.distributed.fsdp.MixedPrecisionPolicy` for FSDP2. ``bf16`` is the whole model cast
-# to bfloat16. ZeRO-1 is DDP with the optimizer wrapped in ``ZeroRedundancyOptimizer``, which
-# builds the site's optimizer (``OPTIMIZERS[key].factory``) over this rank's partition only.
-BF16_MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                  reduce_dtype=torch.float32)
+# The worker builds the model, wraps it with the functions above, trains one step (the optimizer
+# creates its state on the first ``step()``) and measures, for every (strategy, precision,
+# optimizer). ``bf16_mixed`` is bf16 compute with fp32 master weights: ``torch.autocast`` for DDP
+# and ZeRO-1, the ``MixedPrecisionPolicy`` for FSDP2. ``bf16`` is the whole model cast to bfloat16.
 
 
 def wrapped(strategy: Strategy, precision: str, rank: guide.Rank) -> torch.nn.Module:
     model = build_model(CFG, device=rank.device)
     if precision == "bf16":
         model = model.to(torch.bfloat16)
+    if not strategy.is_fsdp2:  # ZeRO-1 is DDP underneath
+        return DDP(model)
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    if not strategy.is_fsdp2:  # DDP(model): ZeRO-1 is DDP underneath
-        return sharding.apply_ddp(model, mesh)
-    options = {"reshard_after_forward": strategy is Strategy.FSDP2}
-    if precision == "bf16_mixed":
-        options["mp_policy"] = BF16_MIXED
-    # fully_shard on every block, then on the root
-    return sharding.apply_fsdp2(model, mesh, **options)
+    return shard_fsdp2(model, mesh, reshard_after_forward=strategy is Strategy.FSDP2,
+                       mp_policy=BF16_MIXED if precision == "bf16_mixed" else None)
 
 
 def worker(rank: guide.Rank) -> dict:
@@ -112,8 +131,7 @@ def worker(rank: guide.Rank) -> dict:
     for strategy, (precision, optimizer) in itertools.product(STRATEGIES, RUNS):
         model = wrapped(strategy, precision, rank)
         if strategy is Strategy.ZERO1:
-            opt = ZeroRedundancyOptimizer(model.parameters(),
-                                          optimizer_class=OPTIMIZERS[optimizer].factory)
+            opt = zero1_optimizer(model, OPTIMIZERS[optimizer].factory)
         else:
             opt = make_optimizer(optimizer, model.parameters())
         autocast = precision == "bf16_mixed" and not strategy.is_fsdp2
@@ -183,59 +201,103 @@ n_checks = sum(len(r) for r in measured.values()) * len(RUNS) * len(PARTS)
 tol = ledger.claim("tolerance.memory_prediction", TOLERANCE, "fraction")
 worst = ledger.record("memory-model-state.worst_prediction_gap", checks.expect_close(
     "model-state bytes", f"{n_checks} measurements", *zip(*pairs), TOLERANCE, rel=True,
-    against="guide.memory from the shapes"), "fraction", fmt=".6f", model=repr(CFG),
-    world_sizes=WORLD_SIZES, checks=n_checks)
-print(f"{n_checks} (strategy, N, rank, precision, optimizer, part) measurements; "
-      f"largest gap to the prediction: {worst:.4%} (tolerance {tol:.1%}).")
+    against="guide.memory from the shapes"), "fraction", fmt=".6f",
+    world_sizes=WORLD_SIZES, checks=n_checks, **MODEL)
+show(table([[f"{n_checks} measurements", worst, tol]],
+           ["(strategy, N, rank, precision, optimizer, part)", "largest gap to prediction",
+            "tolerance"], formats={"largest gap to prediction": ".4%", "tolerance": ".1%"}))
+
+# %%
+# Bytes per parameter
+# -------------------
+# DDP's model state on one rank over the parameter count, measured, against ZeRO's formula
+# (:func:`guide.memory.state_bytes_for_count`: weights, gradients, master copy and moments per
+# parameter). The measurement also holds AdamW's 4-byte ``step`` per tensor, which the formula
+# leaves out: a gap far inside the tolerance.
+per_param = {}
+for precision, optimizer in RUNS:
+    got = measured[Strategy.DDP, N][0][precision, optimizer]["held"].model_state / n_params
+    want = memory.state_bytes_for_count(1, "ddp", 1, precision, optimizer,
+                                        ddp_buckets=False).model_state
+    per_param[precision, optimizer] = ledger.record(
+        f"{optimizer}.{precision}.bytes_per_param", checks.expect_close(
+            "bytes per parameter", f"DDP at N={N}, {precision} {optimizer}", got, want,
+            TOLERANCE, rel=True, unit="bytes per parameter", against="ZeRO's formula"),
+        fmt=".0f", counts="model state (no DDP buckets)")
+show(table([(memory.PRECISIONS[p].label, o, b) for (p, o), b in per_param.items()],
+           ["precision", "optimizer", "model state bytes per parameter"],
+           formats={"model state bytes per parameter": ".0f"}))
 
 # %%
 # Measured per rank, fp32 AdamW
 # -----------------------------
-# The rank that holds the most (rank 0: it gets the ceil-sized chunks and, under ZeRO-1, the
-# largest parameter). Two ratios to DDP, because there are two honest answers: *model state*
-# (parameters, gradients, optimizer: ZeRO's accounting) and *held* (plus DDP's buckets, what the
-# rank really keeps between steps with DDP's defaults).
-held = {key: ranks[0]["fp32", "adamw"]["held"] for key, ranks in measured.items()}
-# issue 23: unchecked, was asserted: model-state bytes
-MEASURED = dict(guard="computed", model=repr(CFG), precision="fp32",
-                optimizer="adamw")  # every part measured equals the prediction (above)
+# For each (strategy, N) the table shows the rank that holds the most, found in the measurements
+# (not assumed): FSDP2's ceil-sized chunks favour the first ranks, ZeRO-1's greedy split of whole
+# parameters puts the largest tensor wherever it lands. Two ratios to DDP, because there are two
+# honest answers: *model state* (parameters, gradients, optimizer: ZeRO's accounting) and *held*
+# (plus DDP's buckets, what the rank really keeps between steps with DDP's defaults).
+fullest = {key: max(range(len(ranks)), key=lambda r, ranks=ranks:
+                    (ranks[r]["fp32", "adamw"]["held"].total, -r))
+           for key, ranks in measured.items()}
+held = {key: measured[key][fullest[key]]["fp32", "adamw"]["held"] for key in measured}
 
 
-def vs_ddp(strategy: Strategy, n: int, what: str) -> float:
-    """Rank 0's ``what`` ("model_state" or "total") over DDP's at N, as printed."""
-    ratio = getattr(held[strategy, n], what) / getattr(held[Strategy.DDP, n], what)
-    name = {"model_state": "model_state_vs_ddp", "total": "held_vs_ddp"}[what]
-    want = [memory.state_bytes_by_rank(SHAPES, k, n, "fp32", "adamw", ddp_buckets=True)[0]
-            for k in (strategy, Strategy.DDP)]
-    ratio = checks.expect_close(  # each side is checked above: their ratio too
-        "model-state bytes", f"{strategy} vs DDP at N={n}, rank 0", ratio,
-        getattr(want[0], what) / getattr(want[1], what), 2 * TOLERANCE, f"{what} ratio",
-        rel=True, against="the predicted bytes' ratio")
-    return ledger.record(f"memory-model-state.{strategy.value}.n{n}.{name}", ratio,
-                         "fraction", fmt=".3f", world_size=n, ddp_buckets=True,
-                         **{k: v for k, v in MEASURED.items() if k != "guard"})
+def predicted_fullest(strategy: Strategy, n: int) -> memory.StateBytes:
+    """The prediction for the rank the measurements found fullest."""
+    return memory.state_bytes_by_rank(SHAPES, strategy, n, "fp32", "adamw",
+                                      ddp_buckets=True)[fullest[strategy, n]]
 
 
-rows = [(s.label, n, h.params, h.grads, h.optimizer, h.buckets, h.total,
-         vs_ddp(s, n, "model_state"), vs_ddp(s, n, "total"))
-        for (s, n), h in held.items()]
-print(table(rows, ["strategy", "N", "params", "grads", "optimizer", "buckets", "held",
-                   "model state vs DDP", "held vs DDP"],
-            formats={"model state vs DDP": ".1%", "held vs DDP": ".1%"},
-            title="measured bytes on rank 0, fp32 AdamW (held = model state + DDP's "
-                  "buckets)"))
+def vs_ddp(strategy: Strategy, n: int, what: str) -> checks.Checked:
+    """The fullest rank's ``what`` ("model_state" or "total") over DDP's, checked."""
+    got = getattr(held[strategy, n], what) / getattr(held[Strategy.DDP, n], what)
+    want = [getattr(predicted_fullest(k, n), what) for k in (strategy, Strategy.DDP)]
+    return checks.expect_close(  # each side is checked above: their ratio too
+        "model-state bytes", f"{strategy} vs DDP at N={n}, fullest rank", got,
+        want[0] / want[1], 2 * TOLERANCE, f"{what} ratio", rel=True,
+        against="the predicted bytes' ratio")
 
+
+rows, keys = [], []
+for (s, n), h in held.items():
+    rows.append((s.label, n, fullest[s, n], h.params, h.grads, h.optimizer, h.buckets, h.total,
+                 vs_ddp(s, n, "model_state"), vs_ddp(s, n, "total")))
+    keys.append(f"{s.value}.n{n}")
+COLS = ["strategy", "N", "rank", "params", "grads", "optimizer", "buckets", "held",
+        "state÷DDP", "held÷DDP"]
+with ledger.scope(precision="fp32", optimizer="adamw", ddp_buckets=True, **MODEL):
+    show(table(rows, COLS, formats={"state÷DDP": ".1%", "held÷DDP": ".1%"},
+               title="measured bytes on the fullest rank, fp32 AdamW (held = model state + "
+                     "DDP's buckets)", record=ledger, name="memory-model-state", keys=keys))
+    fsdp_state = ledger.record("memory-model-state.fsdp2.widest.model_state_vs_ddp",
+                               vs_ddp(Strategy.FSDP2, N, "model_state"), fmt=".1%",
+                               world_size=N)
+    fsdp_held = ledger.record("memory-model-state.fsdp2.widest.held_vs_ddp",
+                              vs_ddp(Strategy.FSDP2, N, "total"), fmt=".1%", world_size=N)
+
+# %%
+# ZeRO-1's optimizer state per rank at the widest N, measured, against the shares the prediction
+# gives from the shapes. It splits whole parameters, so the largest tensor sets the floor, and the
+# fullest rank is whichever receives it.
 zero_n = [r["fp32", "adamw"]["held"].optimizer for r in measured[Strategy.ZERO1, N]]
-shares = [ledger.claim(f"memory-model-state.zero1.n{N}.rank{r}.optimizer_share",
-                       round(z / sum(zero_n), 3), "fraction", world_size=N, **MEASURED)
-          for r, z in enumerate(zero_n)]
-fsdp_state, fsdp_held = (vs_ddp(Strategy.FSDP2, N, w) for w in ("model_state", "total"))
-print(f"\nAt N={N} one FSDP2 rank holds {fsdp_state:.1%} of DDP's model state "
-      f"(1/{N} = {1 / N:.0%}; the rest is padding and step counters), and "
-      f"{fsdp_held:.1%} of what a DDP rank holds with its buckets. ZeRO-1's optimizer "
-      f"shares over the {N} ranks are "
-      + ", ".join(f"{z:.1%}" for z in shares)
-      + ": it splits whole parameters, so the largest tensor sets the floor.")
+zero_want = [p.optimizer for p in memory.state_bytes_by_rank(
+    SHAPES, Strategy.ZERO1, N, "fp32", "adamw", ddp_buckets=True)]
+shares = [checks.expect_close("model-state bytes", f"ZeRO-1 at N={N}, rank {r}",
+                              z / sum(zero_n), w / sum(zero_want), TOLERANCE, "optimizer share",
+                              rel=True, against="the predicted partition")
+          for r, (z, w) in enumerate(zip(zero_n, zero_want))]
+most = max(range(N), key=lambda r: (shares[r], -r))
+with ledger.scope(world_size=N, precision="fp32", optimizer="adamw", **MODEL):
+    show(table([[f"rank {r}", z, s] for r, (z, s) in enumerate(zip(zero_n, shares))],
+               ["ZeRO-1", "optimizer bytes", "share"], formats={"share": ".1%"},
+               record=ledger, name=f"memory-model-state.zero1.n{N}",
+               keys=[f"rank{r}" for r in range(N)]))
+conclusion(f"At N={N} the fullest FSDP2 rank holds {fsdp_state:.1%} of DDP's model state "
+               f"(the rest of 1/N is padding and step counters) and {fsdp_held:.1%} of what a "
+               f"DDP rank holds with its buckets. Under ZeRO-1, rank {most} holds the largest "
+               f"optimizer share ({shares[most]:.1%}).")
+ledger.claim(f"memory-model-state.zero1.n{N}.fullest_rank", most, "rank", shown=str(most),
+             world_size=N, **MODEL)
 
 # %%
 # Both FSDP2 rows are the same because ``reshard_after_forward=False`` changes what a rank holds
@@ -256,27 +318,28 @@ for (strategy, n), ranks in measured.items():
         got = m["after_forward"]
         checks.expect("parameters held after forward", run, got == want,
                       f"measured {got:,} B, predicted {want:,} B")
-# issue 23: unchecked, was asserted: parameters held after forward
-AFTER_FORWARD = dict(MEASURED, guard="computed",
-                     world_size=N)
-unsharded = ledger.claim(f"memory-model-state.fsdp2_no_reshard.n{N}.unsharded_params",
-                         memory.unsharded_param_bytes(SHAPES, N, "fp32"), "bytes",
-                         **AFTER_FORWARD)
-times = ledger.claim(f"memory-model-state.fsdp2_no_reshard.n{N}.unsharded_vs_state",
-                     round(unsharded / held[Strategy.FSDP2, N].model_state, 1), "x",
-                     **AFTER_FORWARD)
-print(f"reshard_after_forward=False at N={N} additionally holds {unsharded:,} B of "
+no_reshard = measured[Strategy.FSDP2_NO_RESHARD, N][0]["fp32", "adamw"]
+with ledger.scope(world_size=N, precision="fp32", optimizer="adamw", **MODEL):
+    unsharded = ledger.record(
+        f"memory-model-state.fsdp2_no_reshard.n{N}.unsharded_params", checks.expect_close(
+            "parameters held after forward", f"FSDP2 no reshard at N={N}, rank 0",
+            no_reshard["after_forward"], memory.unsharded_param_bytes(SHAPES, N, "fp32"),
+            TOLERANCE, rel=True, unit="bytes", against="guide.memory from the shapes"),
+        fmt=",")
+    times = ledger.claim(f"memory-model-state.fsdp2_no_reshard.n{N}.unsharded_vs_state",
+                         unsharded / held[Strategy.FSDP2, N].model_state, "x", fmt=".1f")
+print(f"reshard_after_forward=False at N={N} additionally holds {unsharded:,.0f} B of "
       f"unsharded fp32 parameters between forward and backward ({times:.1f}x the "
       "rank's model state).")
 
 # %%
 # The picture
 # -----------
-# One bar per (strategy, N): rank 0's measured bytes, stacked by part; the black tick is the
-# prediction for the same total. DDP's bar does not shrink with N; ZeRO-1's optimizer segment does;
-# FSDP2's whole bar does.
+# One bar per (strategy, N): the fullest rank's measured bytes (its rank under the bar), stacked by
+# part; the black tick is the prediction for that same rank. DDP's bar does not shrink with N;
+# ZeRO-1's optimizer segment does; FSDP2's whole bar does.
 style()
-fig, ax = plt.subplots(figsize=(9, 4.6))
+fig, ax = plt.subplots(figsize=(9, 4.8))
 shades = {"params": 1.0, "grads": 0.65, "optimizer": 0.35}
 x, ticks, ticklabels = 0.0, [], []
 for strategy in STRATEGIES:
@@ -290,25 +353,23 @@ for strategy in STRATEGIES:
         if h.buckets:
             ax.bar(x, h.buckets / MiB, bottom=bottom, color="white",
                    edgecolor=strategy.color, hatch="///", width=0.8)
-        pred = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", "adamw",
-                                           ddp_buckets=True)
+        pred = predicted_fullest(strategy, n)
         ax.plot([x - 0.45, x + 0.45], [pred.total / MiB] * 2, color="black", lw=2)
         ticks.append(x)
-        ticklabels.append(f"N={n}")
+        ticklabels.append(f"N={n}\nr{fullest[strategy, n]}")
         x += 1
-    ax.text(x - (len(WORLD_SIZES) + 1) / 2, -0.08, strategy.label, ha="center",
+    ax.text(x - (len(WORLD_SIZES) + 1) / 2, -0.16, strategy.label, ha="center",
             va="top", fontsize=10, color=strategy.color, fontweight="bold",
             transform=ax.get_xaxis_transform())
     x += 0.6
 ax.set_xticks(ticks, ticklabels, fontsize=9)
-ax.set_ylabel("bytes held by rank 0 (MiB)")
-ax.set_title(f"Measured per rank, fp32 AdamW, {n_params:,} parameters: "
-             "only FSDP2 divides it all")
+ax.set_ylabel("bytes held by the fullest rank (MiB)")
+ax.set_title("Measured per rank, fp32 AdamW: only FSDP2 divides it all")
 handles = [plt.Rectangle((0, 0), 1, 1, color="gray", alpha=a) for a in shades.values()]
 handles += [plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="gray",
                           hatch="///"), plt.Line2D([], [], color="black", lw=2)]
 ax.legend(handles, ["parameters", "gradients", "AdamW state", "DDP gradient buckets",
-                    "predicted total"], loc="upper right", fontsize=9, ncol=3)
+                    "predicted (same rank)"], loc="upper right", fontsize=9, ncol=3)
 ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend above the bars
 plt.show()
 # sphinx_gallery_thumbnail_number = 1

@@ -2,38 +2,67 @@
 FSDP2 fits where DDP runs out of memory
 =======================================
 
-"FSDP2 fits a larger model when DDP would run out of memory" is usually shown with a formula. This
-page shows it with real allocations. Every rank gets a hard memory budget: the kernel refuses to
-grow its data segment beyond it (``RLIMIT_DATA``), so over-use is a real ``can't allocate memory``
-error, not a number on a chart. Then one model, with SGD and momentum, is trained three ways under
-that same budget:
+.. admonition:: Verdict
+   :class: tip
 
-1. DDP on 2 ranks: every rank holds the whole model, its gradients, DDP's gradient buckets and the
-   momentum. It must **fail**, and the launcher must say which rank, how much it asked for and what
-   the budget was.
-2. FSDP2 on 2 ranks and 3. on 4 ranks: every rank holds 1/N of the parameters, gradients and
-   momentum, plus the one block it is gathering. Both must **complete** and match a single-process
-   reference.
+   DDP stops fitting when its held state (parameters, gradients, optimizer state and its gradient
+   buckets: 4 P with SGD + momentum, P the fp32 parameter bytes) plus activations outgrows a rank's
+   memory; FSDP2 still fits while 3 P / N plus one gathered block does. Here DDP needs
+   :claim:`oom.ddp.n2.need_vs_headroom <unit>` the memory each rank may use and fails, while
+   FSDP2 on the same ranks trains under it with the same losses: choose FSDP2 then, DDP otherwise.
 
-If DDP unexpectedly fits, or FSDP2 does not, the docs build fails and says which. Next to the
-outcome, the page puts each strategy's predicted and measured state and its measured peak.
+Measured on CPU gloo processes under a Linux memory limit (tiny models, two shared cores); this
+page predicts no GPU numbers.
+
+Every rank gets a hard memory budget: the kernel refuses to grow its data segment beyond it
+(``RLIMIT_DATA``), so over-use is a real ``can't allocate memory`` error, not a number on a chart.
+One model, with SGD and momentum, is trained three ways under that same budget: DDP must
+**fail**, with the launcher naming the rank, how much it asked for and the budget; FSDP2 on as
+many ranks, and on twice as many, must **complete** and match a single-process reference. If DDP
+unexpectedly fits, or FSDP2 does not, the docs build fails and says which.
 """
+
+# %%
+# The code to copy
+# ----------------
+# The two wraps, in plain PyTorch. DDP keeps the whole model, its gradients, the optimizer state
+# and a second copy of the gradients (its buckets) on every rank. ``fully_shard`` on each block and
+# then on the root keeps 1/N of parameters, gradients and optimizer state per rank, plus the one
+# block it is gathering. ``zero_grad(set_to_none=True)`` (the default) frees the gradients between
+# steps, so the next forward's activations never sit beside them.
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def wrap(model: torch.nn.Module, strategy: str, device_type: str = "cpu") -> torch.nn.Module:
+    """``"ddp"``: a full replica per rank. ``"fsdp2"``: each block one unit, then the root."""
+    if strategy == "ddp":
+        return DDP(model)  # on GPU: DDP(model.cuda(rank), device_ids=[rank])
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
 
 # %%
 # The model and the budget
 # ------------------------
-# The model is :class:`guide.model.TinyLM` made wide (``d_model=512``, MLP 2048, 6 blocks), so that
-# its state, not the Python runtime, decides who fits. ``P`` is its fp32 parameter bytes. The
-# optimizer is SGD with momentum, one moment per parameter. (AdamW at the site's learning rate
-# does not learn on this wide model in a few steps, and a run that matches a reference which does
-# not learn proves nothing.)
+# The model is :class:`guide.model.TinyLM` made wide (``d_model=512``, ``d_mlp=2048``,
+# ``n_layers=6``), so that its state, not the Python runtime, decides who fits. ``P`` is its fp32
+# parameter bytes. The optimizer is SGD with momentum, one moment per parameter. (AdamW at the
+# site's learning rate does not learn on this wide model in a few steps, and a run that matches a
+# reference which does not learn proves nothing.)
 #
 # ``RLIMIT_DATA`` counts the rank's *whole* data segment (``VmData``), including the hundreds of MiB
 # it starts with (``torch`` imported, the process group up). So the budget is set relative to that
-# start, read inside fresh ranks (:func:`guide.memory.data_segment_bytes`): each rank may grow by
-# ``HEADROOM × P``. The headroom sits between the two strategies' needs: DDP holds 4 P between
-# steps (parameters, gradients, momentum, and DDP's buckets); FSDP2 holds 3 P / N plus one
-# gathered block.
+# start, read inside the ranks before they build the model
+# (:func:`guide.memory.data_segment_bytes`): each rank may grow by ``HEADROOM × P``. The headroom
+# sits between the two strategies' needs: DDP holds 4 P between steps (parameters, gradients,
+# momentum, and DDP's buckets); FSDP2 holds 3 P / N plus one gathered block.
 import dataclasses
 import ctypes
 import gc
@@ -44,15 +73,13 @@ import resource
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from torch.distributed.device_mesh import init_device_mesh
-
 import guide
-from guide import checks, claims, memory, sharding
+from guide import checks, claims, memory
 from guide.data import synthetic_batches
 from guide.memory import PeakMemory, current_bytes, data_segment_bytes, prepare
 from guide.model import ModelConfig, build_model
 from guide.plotting import legend_below, style
-from guide.report import table
+from guide.report import conclusion, show, table
 from guide.sharding import Strategy
 from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
 
@@ -82,8 +109,8 @@ print(f"model: {n_params:,} parameters, P = {p_mib:.1f} MiB in fp32")
 # %%
 # One worker, two strategies
 # --------------------------
-# The worker builds the model on every rank with the same seed, wraps it (``DDP(model)``, or
-# ``fully_shard`` on each block and then on the root) and trains ``STEPS`` steps. Around the
+# The worker builds the model on every rank with the same seed, wraps it with ``wrap`` above
+# and trains ``STEPS`` steps. Around the
 # training it measures the rank's peak resident memory with :class:`guide.memory.PeakMemory`
 # (``VmHWM`` after a reset; see the method below), and at the end it reads what the rank really
 # holds (:func:`guide.memory.measure`: model state plus DDP's buckets). ``prepare()`` makes freed
@@ -107,9 +134,7 @@ def train_worker(rank: guide.Rank, strategy: Strategy) -> OOMResult:
     prepare()
     start = current_bytes()
     model = build_model(CFG, device=rank.device)
-    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    model = (sharding.apply_ddp(model, mesh) if strategy is Strategy.DDP
-             else sharding.apply_fsdp2(model, mesh))
+    model = wrap(model, strategy.value, rank.device.type)
     opt = make_optimizer(OPTIMIZER, model.parameters())
     stale = []  # gradient bytes still allocated as each step's forward starts (after zero_grad)
     model.register_forward_pre_hook(lambda m, _: stale.append(
@@ -179,7 +204,10 @@ budget = ledger.claim("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADR
                       **RUN)
 need_mib = ledger.record(f"oom.ddp.n{WORLD_SIZE}.unconstrained_peak", need_order, fmt=".0f",
                          **RUN)
-print(f"a fresh rank starts with VmData = {start_mib} MiB; budget per rank = {budget} "
+# Under torchrun the ranks are not fresh: they ran this script (and the reference) first.
+where = ("torchrun's ranks start the jobs" if guide.under_torchrun()
+         else "a fresh rank starts")
+print(f"{where} with VmData = {start_mib} MiB; budget per rank = {budget} "
       f"MiB = start + {HEADROOM} × P. Unconstrained, DDP x{WORLD_SIZE} peaks {need_mib} MiB above "
       "its start.")
 
@@ -256,8 +284,7 @@ for (strategy, n), results in runs.items():
     held_checked = checks.expect_close("held-state prediction", f"{strategy} x{n}", measured,
                                        predicted, 0, "bytes held", against="the parameter shapes")
     key, peak = f"oom.{strategy.value}.n{n}", max(r.peak for r in results)
-    held_mib = ledger.record(f"{key}.held", held_checked.scaled(1 / MiB, "MiB"), fmt=".1f",
-                             ddp_buckets=True, **RUN)
+    held_mib = held_checked.scaled(1 / MiB, "MiB")  # recorded with the table below
     ddp = strategy is Strategy.DDP
     outcome = ledger.claim(f"{key}.under_budget",  # a text (checked above): computed
                            "fails (out of memory)" if ddp else "trains", "outcome",
@@ -275,21 +302,31 @@ for (strategy, n), results in runs.items():
                   f"{stale:,} B of gradients still allocated when a forward started: "
                   "zero_grad must set them to None, or the peak holds them too")
 
-print(table(rows, ["run", "predicted held", "measured held", "measured peak",
-                   "peak / headroom", "under budget"],
-            formats={"predicted held": ",.1f", "measured held": ",.1f",
-                     "measured peak": ",.1f", "peak / headroom": ".0%"},
-            title=f"MiB per rank (held = model state + DDP's buckets); headroom "
-                  f"{headroom_mib} MiB above a fresh rank's start, P = {p_mib:.1f} "
-                  "MiB"))
-asked = ("an unknown amount" if oom.requested_bytes is None
-         else f"{oom.requested_bytes / MiB:.1f} MiB")
+with ledger.scope(ddp_buckets=True, budget_mib=BUDGET_MIB, **RUN):
+    show(table(rows, ["run", "predicted held", "measured held", "measured peak",
+                      "peak / headroom", "under budget"],
+               formats={"predicted held": ",.1f", "measured held": ",.1f",
+                        "measured peak": ",.1f", "peak / headroom": ".0%"},
+               title=f"MiB per rank (held = model state + DDP's buckets); headroom "
+                     f"{headroom_mib} MiB above the ranks' start, P = {p_mib:.1f} MiB",
+               record=ledger, name="oom", keys=[f"{s.value}.n{n}" for s, n in runs]))
+asked = ("an unknown amount" if oom.requested_bytes is None else "{:.1f} MiB".format(
+    ledger.claim(f"oom.ddp.n{WORLD_SIZE}.requested_at_failure", oom.requested_bytes / MiB,
+                 "MiB", fmt=".1f", world_size=WORLD_SIZE, **RUN)))  # the allocator's report
 over = ledger.record(f"oom.ddp.n{WORLD_SIZE}.need_vs_headroom", checks.expect_order(
     "DDP out of memory", f"DDP x{WORLD_SIZE}", 1.0, need / headroom, low_name="1",
     high_name="DDP's peak / headroom", unit="x", keep="high"), fmt=".2f", headroom_p=HEADROOM,
     **RUN)
 print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with "
       f"{oom.limit_mib} MiB allowed; unconstrained it needs {over:.2f}x the headroom.")
+held_of = {run: row[2] for run, row in zip(runs, rows)}
+conclusion(
+    f"When to switch: DDP x{WORLD_SIZE} holds {held_of[Strategy.DDP, WORLD_SIZE]:.1f} MiB between "
+    f"steps and needs {over:.2f}x the memory each rank may use, so it fails; FSDP2 holds "
+    + " and ".join(f"{held_of[Strategy.FSDP2, n]:.1f} MiB at N={n}" for n in FSDP_NS)
+    + " and trains under the same budget with the same losses. Use DDP while its held state "
+    "(4 P here) plus activations fits a GPU; past that, use FSDP2 with N large enough that "
+    "3 P / N plus one gathered block plus activations fits.")
 
 # %%
 # The picture
@@ -310,7 +347,7 @@ ax.text(headroom / MiB, -0.8, f" budget {budget} MiB = start {start_mib} + {head
 ax.set_yticks(range(len(rows)), [r[0] for r in rows])
 ax.set_ylim(len(rows) - 0.5, -1.15)  # inverted, with a free row on top for the budget's label
 ax.set_xlim(0, max(r[3] for r in rows) * 1.35)
-ax.set_xlabel("per-rank memory above a fresh rank (MiB)")
+ax.set_xlabel("per-rank memory above the rank's start (MiB)")
 ax.set_title(f"SGD + momentum, {p_mib:.1f} MiB of fp32 parameters, one budget for "
              "every rank")
 # Swatches in neutral grey: each bar's colour is its strategy, its shade what the length means.

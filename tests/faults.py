@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DDP_WRAP = "    model = DDP(build_model(CFG, device=rank.device))\n"
+DDP_WRAP = "    model = wrap_ddp(build_model(CFG, device=rank.device))\n"
 FSDP_BUILD = ("    model = build_model(CFG, device=rank.device)\n"
-              "    mesh = init_device_mesh(rank.device.type, (rank.world_size,))\n")
+              "    mesh = make_mesh(rank.device.type)\n")
 FSDP_BLOCKS = ("    for block in model.blocks:\n"
                "        fully_shard(block, mesh=mesh)\n"
                "    fully_shard(model, mesh=mesh)\n")
-FSDP_ROOT = "    fully_shard(model, mesh=mesh)\n"
+# The worker's call of the page's shard_fsdp2 (the faults on rank 1 hook in after it).
+FSDP_ROOT = "    shard_fsdp2(model, mesh)\n"
 FSDP_LAUNCH = "    runs[FSDP2_, opt] = guide.launch(fsdp2_worker, WORLD_SIZE, opt)\n"
 
 
