@@ -309,10 +309,10 @@ print(table(phase_rows, PHASE_COLS, formats={c: ".3f" for c in PHASE_COLS[1:]},
 # How much more slowly FSDP2 grows
 # --------------------------------
 # Not N times. In held state (model state + DDP's buckets), DDP's 5 b against FSDP2's 4 b / N per
-# block is ``1.25 N``; in model state alone it would be N (the fifth b is DDP's bucket). The step's
+# block is ``5 N / 4``; in model state alone it would be N (the fifth b is DDP's bucket). The step's
 # peak adds a small remainder ``r`` per block that is not sharded (the step slope less the state
 # slope in the first table, about the same for both strategies), so the model for the peak is ``(5 b
-# + r) / (4 b / N + r)``, slightly under ``1.25 N``, with ``r`` what DDP's step adds per block
+# + r) / (4 b / N + r)``, slightly under ``5 N / 4``, with ``r`` what DDP's step adds per block
 # beyond its 5 b, measured at that N. The measured ratio of the step slopes must lie within
 # ``RATIO_TOL`` of that model.
 ratios = {}

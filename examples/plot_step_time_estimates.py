@@ -486,7 +486,8 @@ plt.show()
 # priced for HSDP (with gradient accumulation, ``set_requires_all_reduce(False)`` skips it on all
 # but the last micro-batch, while every micro-batch still gathers). Compute counts FLOPs the way
 # torchtitan does (attention included, causal masking not halved: attention is
-# :claim:`step_time.llama-3-70b.attention_flops_share` of them at 8,192 tokens). Memory leaves out
+# :claim:`step_time.llama-3-70b.attention_flops_share` of them at the sequence length priced
+# here). Memory leaves out
 # the CUDA context, NCCL's buffers and fragmentation. Large runs of this model also add tensor
 # parallelism inside the node, which cuts
 # both the state each GPU holds and the bytes FSDP2 gathers; this page prices data parallelism alone.

@@ -6,7 +6,8 @@ Tensor parallel + FSDP2 on a 2-D mesh
    :class: tip
 
    Add tensor parallelism (TP) inside a node only when FSDP2 alone runs out of batch or of
-   activation memory: estimated for llama-3-70b at 8,192 tokens, TP 8 cuts activations per GPU
+   activation memory: estimated for llama-3-70b at the sequence length of section 6, TP 8 cuts
+   activations per GPU
    from :claim:`tp-fsdp2.estimate.llama-3-70b.tp1.activations_gib` to
    :claim:`tp-fsdp2.estimate.llama-3-70b.tp8.activations_gib` GiB for
    :claim:`tp-fsdp2.estimate.llama-3-70b.tp8.tp_all_reduce_mib` MiB of all-reduce per layer.

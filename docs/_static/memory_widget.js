@@ -209,7 +209,7 @@
     "hsdp": "HSDP",
     "zero1": "ZeRO-1"
    },
-   "source_hash": "bcb552d1f98e",
+   "source_hash": "ded01bf068f7",
    "strategies": [
     "ddp",
     "zero1",
