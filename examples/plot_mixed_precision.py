@@ -26,8 +26,33 @@ every tensor from inside the ranks, and **fails the docs build** unless:
 * the bf16 loss curve stays within one bf16 rounding of the fp32 reference (a chosen tolerance,
   not a derived bound: see below).
 
-First, a question the rest depends on: can gloo, the CPU backend, move bf16 at all?
+The policy to copy comes first; then a question the rest depends on: can gloo, the CPU backend,
+move bf16 at all?
 """
+
+# %%
+# The policy to copy: one per ``fully_shard`` call
+# ------------------------------------------------
+# Each block gets ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``. The root additionally gets
+# ``output_dtype=torch.float32``: the logits leave the model in fp32, so the loss is computed from
+# logits that were not rounded to bf16 on the way out (why on the root only: see below). The
+# page's worker calls this very function.
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def shard_mixed_precision(model: torch.nn.Module, mesh, param_dtype=torch.bfloat16,
+                          reduce_dtype=torch.float32) -> torch.nn.Module:
+    """``fully_shard`` every block and the root: compute in ``param_dtype``, reduce gradients
+    in ``reduce_dtype``, keep fp32 shards (master weights), return fp32 logits."""
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                       output_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=root_policy)
+
 
 # %%
 # What gloo does with bf16
@@ -38,9 +63,6 @@ First, a question the rest depends on: can gloo, the CPU backend, move bf16 at a
 # the result (:func:`guide.precision.collective_support`).
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
-import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import guide
 from guide import checks, claims, precision
@@ -66,13 +88,11 @@ def probe(rank: guide.Rank) -> tuple[str, dict]:
 
 
 # %%
-# The worker: one policy per ``fully_shard`` call
-# -----------------------------------------------
-# Each block gets ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``. The root additionally gets
-# ``output_dtype=torch.float32``: the head's output leaves the model in fp32, so the loss is computed
-# from logits that were not rounded on the way out. Without it every logit would be rounded to bf16
-# (8 significant bits) before the loss, and the page would partly be measuring the rounding of its
-# own yardstick. ``output_dtype`` goes on the root only. On a block it would buy nothing: every
+# The worker
+# ----------
+# It shards with ``shard_mixed_precision`` (above). Without the root's ``output_dtype`` every logit
+# would be rounded to bf16 (8 significant bits) before the loss, and the page would partly be
+# measuring the rounding of its own yardstick. ``output_dtype`` goes on the root only. On a block it would buy nothing: every
 # ``fully_shard`` unit casts its floating inputs to its ``param_dtype`` before its forward
 # (``cast_forward_inputs=True``, the default), so the next block would get bf16 again. Except after
 # the last block: its fp32 output would go straight into the root's final LayerNorm, which computes
@@ -88,15 +108,9 @@ def probe(rank: guide.Rank) -> tuple[str, dict]:
 
 def mp_worker(rank: guide.Rank, optimizer: str, param_dtype: torch.dtype,
               reduce_dtype: torch.dtype) -> dict:
-    model = build_model(CFG, device=rank.device)
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype,
-                                       reduce_dtype=reduce_dtype,
-                                       output_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=root_policy)
+    model = shard_mixed_precision(build_model(CFG, device=rank.device), mesh, param_dtype,
+                                  reduce_dtype)
     opt = make_optimizer(optimizer, model.parameters())
     at_rest_before = precision.stored_dtypes(model)
 
