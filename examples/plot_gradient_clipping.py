@@ -23,20 +23,38 @@ single-process training, step for step. A disagreement **fails the docs build**.
 """
 
 # %%
+# The clip to copy
+# ----------------
+# The clip goes between ``backward()`` and ``optimizer.step()``, as in one process: the same call on
+# plain and on FSDP2's ``DTensor`` gradients. It returns the norm *before* clipping; on DTensor
+# gradients it is a ``DTensor`` itself, replicated on every rank (torch 2.13; torch 2.9 returns a
+# partial norm, pytorch #170862, whose ``full_tensor()`` is the norm: read it that way on both).
+# The page's loop below calls these very functions.
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Scale every gradient so that their global 2-norm is at most ``max_norm``; return the
+    norm before clipping (a ``DTensor`` under FSDP2)."""
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
+def norm_to_log(norm: torch.Tensor) -> float:
+    """The global norm as a number, on every rank: ``full_tensor()`` for a ``DTensor``."""
+    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+
+
+# %%
 # One loop for both runs
 # ----------------------
-# The clip goes between ``backward()`` and ``optimizer.step()``, so this page writes the loop itself
-# (:func:`guide.training.train_steps` with the clip added). The same function trains the
-# single-process reference (one rank, the whole batch) and runs inside each FSDP2 rank.
-# ``clip_grad_norm_`` returns the norm *before* clipping; on DTensor gradients it is a ``DTensor``
-# itself, replicated on every rank (torch 2.13; torch 2.9 returns a partial norm, pytorch #170862,
-# whose ``full_tensor()`` is the norm: the page reads it that way on both).
+# The page writes the loop itself (:func:`guide.training.train_steps` with the clip added). The
+# same function trains the single-process reference (one rank, the whole batch) and runs inside
+# each FSDP2 rank.
 import dataclasses
 
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
-import torch
-from torch.distributed.tensor import DTensor
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
@@ -87,11 +105,10 @@ def clipped_steps(model, opt, batches, rank: guide.Rank | None = None,
         loss = next_token_loss(model, rank_slice(batch, *where))
         loss.backward()
         out.local_norms.append(local_grad_norm(model))  # this rank's shards only
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        if isinstance(norm, DTensor):
+        norm = clip_gradients(model, max_norm)
+        if isinstance(norm, DTensor):  # checked below: replicated (or partial on torch 2.9)
             out.norm_placements = str(tuple(norm.placements))
-            norm = norm.full_tensor()
-        out.norms.append(norm.item())
+        out.norms.append(norm_to_log(norm))
         opt.step()
         out.losses.append(loss.item())
     return out
