@@ -95,7 +95,8 @@ def probe(rank: guide.Rank) -> tuple[str, dict]:
 # ----------
 # It shards with ``shard_mixed_precision`` (above). Without the root's ``output_dtype`` every logit
 # would be rounded to bf16 (:claim:`bf16.significant_bits` significant bits) before the loss, and
-# the page would partly be measuring the rounding of its own yardstick. ``output_dtype`` goes on the root only. On a block it would buy nothing: every
+# the page would partly be measuring the rounding of its own yardstick. ``output_dtype`` goes on
+# the root only. On a block it would buy nothing: every
 # ``fully_shard`` unit casts its floating inputs to its ``param_dtype`` before its forward
 # (``cast_forward_inputs=True``, the default), so the next block would get bf16 again. Except after
 # the last block: its fp32 output would go straight into the root's final LayerNorm, which computes
@@ -318,9 +319,10 @@ report.conclusion("bf16 parameters halve the all-gather bytes; only a bf16 reduc
 # %%
 # How close must the bf16 loss be?
 # --------------------------------
-# bf16 keeps :claim:`bf16.significant_bits` significant bits (one of them implicit), so rounding a number ``x`` to bf16 moves it
-# by at most ``u·|x|``, with unit roundoff ``u = 2**-8`` (``torch.finfo(torch.bfloat16).eps`` is the
-# spacing above one, ``2**-7``, twice ``u``). In the bf16 forward every weight is rounded once (the
+# bf16 keeps :claim:`bf16.significant_bits` significant bits (one of them implicit), so
+# rounding a number ``x`` to bf16 moves it by at most ``u·|x|``, with unit roundoff
+# ``u = 2**-8`` (``torch.finfo(torch.bfloat16).eps`` is the spacing above one, ``2**-7``,
+# twice ``u``). In the bf16 forward every weight is rounded once (the
 # shard is cast before the all-gather) and every activation after each operation; the loss is a
 # smooth function of all of them, so to first order its error is a weighted sum of those relative
 # errors. That sum has no small worst case (the classic bound grows with the number of operations,
