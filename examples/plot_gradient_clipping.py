@@ -23,20 +23,38 @@ single-process training, step for step. A disagreement **fails the docs build**.
 """
 
 # %%
+# The clip to copy
+# ----------------
+# The clip goes between ``backward()`` and ``optimizer.step()``, as in one process: the same call on
+# plain and on FSDP2's ``DTensor`` gradients. It returns the norm *before* clipping; on DTensor
+# gradients it is a ``DTensor`` itself, replicated on every rank (torch 2.13; torch 2.9 returns a
+# partial norm, pytorch #170862, whose ``full_tensor()`` is the norm: read it that way on both).
+# The page's loop below calls these very functions.
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Scale every gradient so that their global 2-norm is at most ``max_norm``; return the
+    norm before clipping (a ``DTensor`` under FSDP2)."""
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
+def norm_to_log(norm: torch.Tensor) -> float:
+    """The global norm as a number, on every rank: ``full_tensor()`` for a ``DTensor``."""
+    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+
+
+# %%
 # One loop for both runs
 # ----------------------
-# The clip goes between ``backward()`` and ``optimizer.step()``, so this page writes the loop itself
-# (:func:`guide.training.train_steps` with the clip added). The same function trains the
-# single-process reference (one rank, the whole batch) and runs inside each FSDP2 rank.
-# ``clip_grad_norm_`` returns the norm *before* clipping; on DTensor gradients it is a ``DTensor``
-# itself, replicated on every rank (torch 2.13; torch 2.9 returns a partial norm, pytorch #170862,
-# whose ``full_tensor()`` is the norm: the page reads it that way on both).
+# The page writes the loop itself (:func:`guide.training.train_steps` with the clip added). The
+# same function trains the single-process reference (one rank, the whole batch) and runs inside
+# each FSDP2 rank.
 import dataclasses
 
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
-import torch
-from torch.distributed.tensor import DTensor
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
@@ -87,11 +105,10 @@ def clipped_steps(model, opt, batches, rank: guide.Rank | None = None,
         loss = next_token_loss(model, rank_slice(batch, *where))
         loss.backward()
         out.local_norms.append(local_grad_norm(model))  # this rank's shards only
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        if isinstance(norm, DTensor):
+        norm = clip_gradients(model, max_norm)
+        if isinstance(norm, DTensor):  # checked below: replicated (or partial on torch 2.9)
             out.norm_placements = str(tuple(norm.placements))
-            norm = norm.full_tensor()
-        out.norms.append(norm.item())
+        out.norms.append(norm_to_log(norm))
         opt.step()
         out.losses.append(loss.item())
     return out
@@ -174,16 +191,22 @@ pythagoras = checks.expect_close("clip norm", run, combined, REF.norms,
                                  checks.LOSS_TOL, what="sqrt(sum of local norms²)")
 print("norm returned by clip_grad_norm_: a DTensor with "
       f"{results[0].norm_placements}")
-norms = ["reference", *(f"rank {r}" for r in range(WORLD_SIZE)),
-         *(f"local r{r}" for r in range(WORLD_SIZE))]
-print(report.table([[s, REF.norms[s], *(r.norms[s] for r in results),
-                     *(r.local_norms[s] for r in results)]
-                    for s in range(0, STEPS, 5)],
-                   ["step", *norms], formats=dict.fromkeys(norms, ".6f")))
-LOSS_TOL = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
-SGD_TOL = ledger.claim("tolerance.param.sgd", checks.PARAM_TOL["sgd"], "absolute")
 fsdp2 = dict(model="tinylm-main", optimizer="sgd", world_size=WORLD_SIZE,
              max_norm=MAX_NORM)
+norms = ["reference", *(f"rank {r}" for r in range(WORLD_SIZE)),
+         *(f"local r{r}" for r in range(WORLD_SIZE))]
+SHOWN_STEPS = range(0, STEPS, 5)
+NORMS = report.table([[s, REF.norms[s], *(r.norms[s] for r in results),
+                       *(r.local_norms[s] for r in results)] for s in SHOWN_STEPS],
+                     ["step", *norms], formats=dict.fromkeys(norms, ".6f"),
+                     record=ledger, name="gradient_clipping.norms",
+                     keys=[f"step_{s}" for s in SHOWN_STEPS], **fsdp2)
+report.show(NORMS)
+
+# %%
+# Each gap against its tolerance (the checks above bound them):
+LOSS_TOL = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
+SGD_TOL = ledger.claim("tolerance.param.sgd", checks.PARAM_TOL["sgd"], "absolute")
 gaps = [  # (row, claim, measured gap, tolerance, the check that bounds it)
     ("max |norm − reference norm|", "norm_gap", norm_gap, LOSS_TOL, "clip norm"),
     ("max |Δloss|", "loss_gap", loss_gap, LOSS_TOL, "loss equivalence"),

@@ -26,8 +26,33 @@ every tensor from inside the ranks, and **fails the docs build** unless:
 * the bf16 loss curve stays within one bf16 rounding of the fp32 reference (a chosen tolerance,
   not a derived bound: see below).
 
-First, a question the rest depends on: can gloo, the CPU backend, move bf16 at all?
+The policy to copy comes first; then a question the rest depends on: can gloo, the CPU backend,
+move bf16 at all?
 """
+
+# %%
+# The policy to copy: one per ``fully_shard`` call
+# ------------------------------------------------
+# Each block gets ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``. The root additionally gets
+# ``output_dtype=torch.float32``: the logits leave the model in fp32, so the loss is computed from
+# logits that were not rounded to bf16 on the way out (why on the root only: see below). The
+# page's worker calls this very function.
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def shard_mixed_precision(model: torch.nn.Module, mesh, param_dtype=torch.bfloat16,
+                          reduce_dtype=torch.float32) -> torch.nn.Module:
+    """``fully_shard`` every block and the root: compute in ``param_dtype``, reduce gradients
+    in ``reduce_dtype``, keep fp32 shards (master weights), return fp32 logits."""
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                       output_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=root_policy)
+
 
 # %%
 # What gloo does with bf16
@@ -36,11 +61,10 @@ First, a question the rest depends on: can gloo, the CPU backend, move bf16 at a
 # ``reduce_dtype``, so the backend must run those collectives in bf16. Rather than trust a support
 # table, every rank runs each collective on small integer-valued tensors (exact in bf16) and checks
 # the result (:func:`guide.precision.collective_support`).
+import math
+
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
-import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import guide
 from guide import checks, claims, precision
@@ -49,6 +73,7 @@ from guide.data import synthetic_batches
 from guide.layout import dtype_name
 from guide.model import ModelConfig, build_model
 from guide.plotting import FLOOR, legend_below, style
+from guide import report
 from guide.report import table
 from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
 
@@ -66,13 +91,12 @@ def probe(rank: guide.Rank) -> tuple[str, dict]:
 
 
 # %%
-# The worker: one policy per ``fully_shard`` call
-# -----------------------------------------------
-# Each block gets ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``. The root additionally gets
-# ``output_dtype=torch.float32``: the head's output leaves the model in fp32, so the loss is computed
-# from logits that were not rounded on the way out. Without it every logit would be rounded to bf16
-# (8 significant bits) before the loss, and the page would partly be measuring the rounding of its
-# own yardstick. ``output_dtype`` goes on the root only. On a block it would buy nothing: every
+# The worker
+# ----------
+# It shards with ``shard_mixed_precision`` (above). Without the root's ``output_dtype`` every logit
+# would be rounded to bf16 (:claim:`bf16.significant_bits` significant bits) before the loss, and
+# the page would partly be measuring the rounding of its own yardstick. ``output_dtype`` goes on
+# the root only. On a block it would buy nothing: every
 # ``fully_shard`` unit casts its floating inputs to its ``param_dtype`` before its forward
 # (``cast_forward_inputs=True``, the default), so the next block would get bf16 again. Except after
 # the last block: its fp32 output would go straight into the root's final LayerNorm, which computes
@@ -88,15 +112,9 @@ def probe(rank: guide.Rank) -> tuple[str, dict]:
 
 def mp_worker(rank: guide.Rank, optimizer: str, param_dtype: torch.dtype,
               reduce_dtype: torch.dtype) -> dict:
-    model = build_model(CFG, device=rank.device)
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype,
-                                       reduce_dtype=reduce_dtype,
-                                       output_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=root_policy)
+    model = shard_mixed_precision(build_model(CFG, device=rank.device), mesh, param_dtype,
+                                  reduce_dtype)
     opt = make_optimizer(optimizer, model.parameters())
     at_rest_before = precision.stored_dtypes(model)
 
@@ -274,9 +292,16 @@ for name, (_, param_dtype, reduce_dtype) in RUNS.items():
                       f"{kind} ran in {dtypes}, expected {want}.")
         wire[name, kind] = (sum(c.kind == kind for c in recs),
                             sum(c.bytes for c in recs if c.kind == kind))
-print(table([[name, *wire[name, "all_gather"], *wire[name, "reduce_scatter"]]
-             for name in RUNS],
-            ["run", "all-gathers", "AG bytes", "reduce-scatters", "RS bytes"]))
+WIRE = table([[name, *wire[name, "all_gather"], *wire[name, "reduce_scatter"]]
+              for name in RUNS],
+             ["run", "all-gathers", "AG bytes", "reduce-scatters", "RS bytes"],
+             record=ledger, name="mixed_precision.wire",
+             keys=[claim_key(name).removeprefix("mixed_precision.") for name in RUNS],
+             model="tinylm-main", world_size=WORLD_SIZE, step="first, rank 0")
+report.show(WIRE)
+
+# %%
+# Relative to the fp32 run, checked against the dtypes' sizes:
 KINDS = ("all_gather", "reduce_scatter")
 base = [wire["fp32, SGD", kind][1] for kind in KINDS]
 for name, said in (("bf16/fp32, SGD", (0.5, 1.0)), ("bf16/bf16, SGD", (0.5, 0.5))):
@@ -288,15 +313,16 @@ for name, said in (("bf16/fp32, SGD", (0.5, 1.0)), ("bf16/bf16, SGD", (0.5, 0.5)
         ledger.record(f"{claim_key(name)}.{kind}_bytes", checks.expect_close(
             "wire bytes", f"FSDP2 x{WORLD_SIZE} {name}", ratio, want, 0,
             against="the dtypes' sizes"), "× fp32's", model="tinylm-main", world_size=WORLD_SIZE)
-print("\nbf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype halves "
-      "the reduce-scatter.")
+report.conclusion("bf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype "
+                  "halves the reduce-scatter.")
 
 # %%
 # How close must the bf16 loss be?
 # --------------------------------
-# bf16 keeps 8 significant bits (7 stored, one implicit), so rounding a number ``x`` to bf16 moves it
-# by at most ``u·|x|``, with unit roundoff ``u = 2**-8`` (``torch.finfo(torch.bfloat16).eps`` is the
-# spacing above one, ``2**-7``, twice ``u``). In the bf16 forward every weight is rounded once (the
+# bf16 keeps :claim:`bf16.significant_bits` significant bits (one of them implicit), so
+# rounding a number ``x`` to bf16 moves it by at most ``u·|x|``, with unit roundoff
+# ``u = 2**-8`` (``torch.finfo(torch.bfloat16).eps`` is the spacing above one, ``2**-7``,
+# twice ``u``). In the bf16 forward every weight is rounded once (the
 # shard is cast before the all-gather) and every activation after each operation; the loss is a
 # smooth function of all of them, so to first order its error is a weighted sum of those relative
 # errors. That sum has no small worst case (the classic bound grows with the number of operations,
@@ -320,8 +346,16 @@ checks.expect("unit roundoff", "bfloat16", u == 2**-8, f"u = {u}, not 2**-8.")
 u = ledger.record("bf16.unit_roundoff", checks.expect_close(
     "unit roundoff", "bfloat16", u, torch.finfo(BF16).eps / 2, 0,
     against="torch.finfo(bfloat16).eps / 2"), "relative")
-print(f"bf16: u = 2**-8 = {u:.6f} (finfo eps = {torch.finfo(BF16).eps:.6f}); "
-      f"fp32: u = {precision.unit_roundoff(FP32):.2e}")
+bits = ledger.record("bf16.significant_bits", checks.expect_close(
+    "bf16 format", "bfloat16", 1 - math.log2(torch.finfo(BF16).eps), 8, 0,
+    against="bfloat16's format: 7 stored fraction bits + 1 implicit"), "bits", fmt=".0f")
+eps = ledger.claim("bf16.finfo_eps", torch.finfo(BF16).eps, "relative",
+                   guard="cited: torch.finfo(torch.bfloat16).eps", fmt=".6f")
+u32 = ledger.record("fp32.unit_roundoff", checks.expect_close(
+    "unit roundoff", "float32", precision.unit_roundoff(FP32), torch.finfo(FP32).eps / 2, 0,
+    against="torch.finfo(float32).eps / 2"), "relative", fmt=".2e")
+print(f"bf16: {bits:.0f} significant bits, u = {u:.6f} (finfo eps = {eps:.6f}); "
+      f"fp32: u = {u32:.2e}")
 gaps, bounds, rows = {}, {}, []
 for name, (opt, param_dtype, _) in RUNS.items():
     losses = mean_over_ranks([r["losses"] for r in results[name]])
@@ -333,15 +367,17 @@ for name, (opt, param_dtype, _) in RUNS.items():
     worst = precision.assert_loss_gap_within(run, REFERENCE[opt], losses, bounds[name])
     gaps[name] = [abs(a - b) for a, b in zip(losses, REFERENCE[opt])]
     rows.append([name, gaps[name][0], gaps[name][0] / bounds[name][0], max(gaps[name]),
-                 ledger.record(f"{claim_key(name)}.loss_gap_of_bound", checks.expect_order(
-                     "loss gap bound", run, worst, 1.0, low_name="largest gap / u·L",
-                     high_name="1", strict=False), "fraction", fmt=".3f", **SETUP)])
-print(table(rows, ["run", "step-0 gap", "of u·L", "largest gap",
-                   "of the bound, at most"],
-            formats={"step-0 gap": ".1e", "of u·L": ".1%", "largest gap": ".1e",
-                     "of the bound, at most": ".1%"}))
+                 checks.expect_order("loss gap bound", run, worst, 1.0,
+                                     low_name="largest gap / u·L", high_name="1",
+                                     strict=False)])
 loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
 print(f"fp32, SGD matches the reference within {loss_tol:.0e} (no bf16 anywhere).")
+GAPS = table(rows, ["run", "step-0 gap", "of u·L", "largest gap", "of the bound, at most"],
+             formats={"step-0 gap": ".1e", "of u·L": ".1%", "largest gap": ".1e",
+                      "of the bound, at most": ".1%"},
+             record=ledger, name="mixed_precision.loss_gap",
+             keys=[claim_key(name).removeprefix("mixed_precision.") for name in gaps], **SETUP)
+report.show(GAPS)
 
 # %%
 # The same, drawn: ``|loss - fp32 reference|`` per step for each bf16 run (solid, log scale), and
