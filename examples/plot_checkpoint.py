@@ -128,9 +128,11 @@ ROOT = checkpoint.job_dir("guide-checkpoint")  # one path for every rank of ever
 ledger = claims.Ledger("plot_checkpoint")  # every number this page states
 PARAMS = ledger.claim("tinylm.1-block.params",
                       sum(torch.Size(s).numel() for s in SHAPES), "parameters")
+TENSORS = ledger.claim("tinylm.1-block.tensors", len(SHAPES), "tensors")
+SEQUENCES = ledger.claim("checkpoint.batch.sequences", BATCHES.shape[1], "sequences")
 SAVED = dict(model="tinylm-1-block", optimizer="adamw", world_size=SOURCE_N, steps=K)
-print(f"{PARAMS:,} parameters in {len(SHAPES)} tensors; {K} + {K} AdamW steps on "
-      f"batches of {BATCHES.shape[1]} sequences; checkpoints in {ROOT}")
+print(f"{PARAMS:,} parameters in {TENSORS} tensors; {K} + {K} AdamW steps on "
+      f"batches of {SEQUENCES} sequences; checkpoints in {ROOT}")
 
 # %%
 # Published atomically, read verified
@@ -408,15 +410,13 @@ def shards(layout: str, n: int) -> int:
     return {"FSDP2": n, "HSDP": n // 2}.get(layout, 1)
 
 
-def share_read(layout: str, n: int, bytes_read: int) -> float:
+def share_read(layout: str, n: int, bytes_read: int) -> checks.Checked:
     """The fraction of the checkpoint one rank read: about its own piece, 1/shards
     (within half of that: the small records every rank needs come on top)."""
     share, fraction = 1 / shards(layout, n), round(bytes_read / CKPT_BYTES, 2)
-    target = name(layout, n).lower().replace(" ", "_")
-    return ledger.record(f"checkpoint.load.{target}.fraction_read", checks.expect_close(
+    return checks.expect_close(
         "reads its share", name(layout, n), fraction, share, share / 2, what="fraction read",
-        unit="of checkpoint", against="1 / the pieces the target cuts each tensor into"),
-        **SAVED)
+        unit="of checkpoint", against="1 / the pieces the target cuts each tensor into")
 
 
 rows = []
@@ -431,12 +431,14 @@ for (layout, n), res in results.items():
 # gap of 0 is no value the ledger can record as asserted; the number is that check's result.
 ledger.claim("checkpoint.reshard.max_abs_diff", max(max(r[2:4]) for r in rows),
              "absolute", guard="computed", **SAVED)
-print(report.table(rows, ["target", "placements", "max |Δ| params", "max |Δ| optimizer",
-                          "bytes read/rank", "of checkpoint", "load s"],
-                   formats={"max |Δ| params": ".1e", "max |Δ| optimizer": ".1e",
-                            "of checkpoint": ".0%", "load s": ".2f"},
-                   title=f"source: FSDP2 x{SOURCE_N}, AdamW, after {K} steps "
-                         f"({CKPT_BYTES:,} bytes of .distcp files)"))
+reshard = report.table(rows, ["target", "placements", "max |Δ| params", "max |Δ| optimizer",
+                              "bytes read/rank", "of checkpoint", "load s"],
+                       formats={"max |Δ| params": ".1e", "max |Δ| optimizer": ".1e",
+                                "of checkpoint": ".0%", "load s": ".2f"},
+                       title=f"source: FSDP2 x{SOURCE_N}, AdamW, after {K} steps "
+                             f"({CKPT_BYTES:,} bytes of .distcp files)",
+                       record=ledger, name="checkpoint.reshard", **SAVED)
+report.show(reshard)
 
 # %%
 # Each rank reads the rows it will hold: about ``1/S`` of the checkpoint when the target cuts each
@@ -509,10 +511,11 @@ resume = {  # claim: (printed gap, unit, the check that bounds it)
 for claim, (gap, unit, check) in resume.items():
     ledger.claim(f"checkpoint.resume.{claim}", float(f"{gap:.1e}"), unit,
                  guard="computed", **SAVED)  # the {check} check bounds it; a max over runs
-print(report.table(rows, ["resumed run", "tolerance", "max |Δ| loss", "max |Δ| params"],
-                   formats={"max |Δ| loss": ".1e", "max |Δ| params": ".1e"},
-                   title=f"{K} steps after the checkpoint, against the run that never "
-                         "stopped"))
+resumes = report.table(rows, ["resumed run", "tolerance", "max |Δ| loss", "max |Δ| params"],
+                       formats={"max |Δ| loss": ".1e", "max |Δ| params": ".1e"},
+                       title=f"{K} steps after the checkpoint, against the run that never "
+                             "stopped", record=ledger, name="checkpoint.resume.table", **SAVED)
+report.show(resumes)
 
 # %%
 # On disk
@@ -544,13 +547,15 @@ checks.expect("checkpoint size", "all ranks",
 METADATA = ledger.claim("checkpoint.metadata_bytes", usage.metadata_bytes, "bytes",
                         **SAVED)
 SAVE_S = ledger.claim("checkpoint.save_seconds", round(src["save_s"], 2), "s", **SAVED)
-print(report.table(
-    [[r, usage.file_bytes[r], expected, usage.tensor_bytes[r], usage.entries[r],
+disk = report.table(
+    [[f"rank {r}", usage.file_bytes[r], expected, usage.tensor_bytes[r], usage.entries[r],
       usage.framing_bytes[r] / usage.entries[r]] for r in range(len(usage.file_bytes))],
     ["rank", "file bytes", "model: params + optimizer", "tensor bytes", "records",
      "framing/record"], formats={"framing/record": ",.0f"},
     title=f".metadata: {METADATA:,} bytes; the save took {SAVE_S:.2f} s "
-          "(rank 0, publishing included)"))
+          "(rank 0, publishing included)",
+    record=ledger, name="checkpoint.on_disk", precision="fp32", **SAVED)
+report.show(disk)
 
 # %%
 # The full state dict, and one file for ``torch.load``
@@ -584,19 +589,23 @@ ON_BIG = dict(model="checkpoint-big", optimizer="adamw", precision="fp32",
               world_size=SOURCE_N)
 BIG_PARAMS = ledger.claim("checkpoint.big.params",
                           sum(torch.Size(s).numel() for s in big_shapes), "parameters")
-print(report.table([["sharded: get_state_dict + dcp.save",
-                     ledger.record("checkpoint.big.sharded_save.peak_bytes",
-                                   peak_sharded_checked, fmt=",.0f", **ON_BIG),
-                     share.params + share.optimizer],
-                    ["full_state_dict=True, cpu_offload=True",
-                     ledger.record("checkpoint.big.full_state_dict.peak_bytes",
-                                   peak_full_checked, fmt=",.0f", **ON_BIG),
-                     ledger.record("checkpoint.big.full_state_dict.held_bytes",
-                                   held_checked, fmt=",.0f", **ON_BIG)]],
-                   ["rank 0 saving with", "peak memory (bytes)",
-                    "model state it stands for"],
-                   title=f"BIG: {BIG_PARAMS:,} parameters, AdamW, FSDP2 x{SOURCE_N}"))
+SHARE = ledger.claim("checkpoint.big.sharded_save.share_bytes", share.params + share.optimizer,
+                     "bytes", fmt=",.0f", **ON_BIG)  # computed: the memory model's prediction
+big_table = report.table(
+    [["sharded: get_state_dict + dcp.save",
+      ledger.record("checkpoint.big.sharded_save.peak_bytes", peak_sharded_checked, fmt=",.0f",
+                    **ON_BIG), SHARE],
+     ["full_state_dict=True, cpu_offload=True",
+      ledger.record("checkpoint.big.full_state_dict.peak_bytes", peak_full_checked, fmt=",.0f",
+                    **ON_BIG),
+      ledger.record("checkpoint.big.full_state_dict.held_bytes", held_checked, fmt=",.0f",
+                    **ON_BIG)]],
+    ["rank 0 saving with", "peak memory (bytes)", "model state it stands for"],
+    title=f"BIG: {BIG_PARAMS:,} parameters, AdamW, FSDP2 x{SOURCE_N}")
+report.show(big_table)
 
+# %%
+# The full state dict's file, and DCP's converters, each give back the sharded save bit for bit.
 plain = torch.load(ROOT / "full.pt", weights_only=True)
 model, opt = build(SINGLE, "1 process", seed=1)
 set_state_dict(model, opt, model_state_dict=plain["model"],
