@@ -28,6 +28,67 @@ Everything below ran when this page was built; a claim that does not hold **fail
 """
 
 # %%
+# The plain PyTorch: save, load, ``async_save``
+# ---------------------------------------------
+# What to copy, torch only. ``get_state_dict(model, optimizer)`` returns what DCP needs from both.
+# For FSDP2 each value is a ``DTensor``: this rank's rows plus the global shape and the placement.
+# The optimizer's state is keyed by *parameter name*, not by the integer ids of
+# ``optimizer.state_dict()``: that is what lets a job of another size match Adam's moments to its
+# own parameters. ``dcp.save`` writes each rank's chunks to its own file and, last, rank 0 writes
+# ``.metadata``, the index of who saved which rows.
+#
+# Loading is the same call in reverse: ``get_state_dict`` on the *new* model gives DTensors (or
+# plain tensors) of the new layout, ``dcp.load`` fills them in place from whichever saved chunks
+# overlap each rank's rows, and ``set_state_dict`` hands them to the model and the optimizer.
+# ``dcp.async_save`` does the save's copy (staging) and returns a future; a thread writes the files.
+# ``full_state_dict=True`` gathers every tensor whole on rank 0 instead (see below for its cost).
+# Every job on this page calls these very functions.
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+
+def save(model, opt, checkpoint_id, process_group=None) -> None:
+    msd, osd = get_state_dict(model, opt)  # DTensors; optimizer state keyed by name
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=checkpoint_id,
+             process_group=process_group)
+
+
+def load(model, opt, checkpoint_id, storage_reader=None, no_dist: bool = False,
+         with_optimizer: bool = True) -> None:
+    msd, osd = get_state_dict(model, opt)  # the new layout: dcp.load fills it in place
+    state = {"model": msd, "optim": osd} if with_optimizer else {"model": msd}
+    dcp.load(state, checkpoint_id=checkpoint_id, storage_reader=storage_reader,
+             no_dist=no_dist)  # no_dist: one process
+    if with_optimizer:
+        set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+    else:
+        set_model_state_dict(model, msd)
+
+
+def async_save(model, opt, checkpoint_id, process_group):
+    """Returns a future; training goes on while a thread writes (its own gloo group)."""
+    msd, osd = get_state_dict(model, opt)
+    return dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=checkpoint_id,
+                          process_group=process_group)
+
+
+def save_full(model, opt, path) -> tuple[dict, dict]:
+    """One plain file for ``torch.load``: rank 0 gathers the whole state (others get ``{}``)."""
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True,
+                                                                   cpu_offload=True))
+    if dist.get_rank() == 0:
+        torch.save({"model": msd, "optim": osd}, path)
+    return msd, osd
+
+
+# %%
 # The run to checkpoint
 # ---------------------
 # A one-block :class:`guide.model.TinyLM`, AdamW, ``K`` steps before the checkpoint and ``K`` after.
@@ -39,18 +100,9 @@ import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import (
     dcp_to_torch_save,
     torch_save_to_dcp,
-)
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -76,49 +128,33 @@ ROOT = checkpoint.job_dir("guide-checkpoint")  # one path for every rank of ever
 ledger = claims.Ledger("plot_checkpoint")  # every number this page states
 PARAMS = ledger.claim("tinylm.1-block.params",
                       sum(torch.Size(s).numel() for s in SHAPES), "parameters")
+TENSORS = ledger.claim("tinylm.1-block.tensors", len(SHAPES), "tensors")
+SEQUENCES = ledger.claim("checkpoint.batch.sequences", BATCHES.shape[1], "sequences")
 SAVED = dict(model="tinylm-1-block", optimizer="adamw", world_size=SOURCE_N, steps=K)
-print(f"{PARAMS:,} parameters in {len(SHAPES)} tensors; {K} + {K} AdamW steps on "
-      f"batches of {BATCHES.shape[1]} sequences; checkpoints in {ROOT}")
+print(f"{PARAMS:,} parameters in {TENSORS} tensors; {K} + {K} AdamW steps on "
+      f"batches of {SEQUENCES} sequences; checkpoints in {ROOT}")
 
 # %%
-# Save: ``get_state_dict``, then ``dcp.save``
-# --------------------------------------------
-# ``get_state_dict(model, optimizer)`` returns what DCP needs from both. For FSDP2 each value is a
-# ``DTensor``: this rank's rows plus the global shape and the placement. The optimizer's state is
-# keyed by *parameter name*, not by the integer ids of ``optimizer.state_dict()``: that is what lets
-# a job of another size match Adam's moments to its own parameters. ``dcp.save`` writes each rank's
-# chunks to its own file and, last, rank 0 writes ``.metadata``, the index of who saved which rows.
-#
+# Published atomically, read verified
+# -----------------------------------
 # DCP overwrites an existing checkpoint in place. :func:`guide.checkpoint.publishing` makes the save
-# atomic instead: ``dcp.save`` writes into ``step-000003.partial``, and only when every rank has
+# atomic instead: ``save`` writes into ``step-000003.partial``, and only when every rank has
 # returned does rank 0 write a manifest (size and SHA-256 of every file) and rename the directory.
-# A crash leaves a ``.partial`` directory, never a published one.
-def save(model, opt, path) -> None:
-    msd, osd = get_state_dict(model, opt)  # DTensors; optimizer state keyed by name
+# A crash leaves a ``.partial`` directory, never a published one. Before a load,
+# :func:`guide.checkpoint_verify.verify` checks every file whole, every tensor's name and global
+# shape what this model expects, or raises an error naming the file or the parameter (see "Faults"
+# below). :class:`guide.checkpoint.CountingReader` is DCP's file reader that also counts the bytes
+# it reads.
+def save_published(model, opt, path) -> None:
     with checkpoint.publishing(path) as partial:
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=partial)
+        save(model, opt, partial)
 
 
-# %%
-# Load: at any world size
-# -----------------------
-# Loading is the same call in reverse: ``get_state_dict`` on the *new* model gives DTensors (or
-# plain tensors) of the new layout, ``dcp.load`` fills them in place from whichever saved chunks
-# overlap each rank's rows, and ``set_state_dict`` hands them to the model and the optimizer.
-# :func:`guide.checkpoint_verify.verify` runs first: every file whole, every tensor's name and
-# global shape what this model expects, or an error naming the file or the parameter (see "Faults"
-# below).
-# :class:`guide.checkpoint.CountingReader` is DCP's file reader that also counts the bytes it reads.
-def load(model, opt, path, no_dist: bool = False, with_optimizer: bool = True) -> int:
+def load_verified(model, opt, path, no_dist: bool = False, with_optimizer: bool = True) -> int:
     msd, osd = get_state_dict(model, opt)
-    state = {"model": msd, "optim": osd} if with_optimizer else {"model": msd}
-    checkpoint.verify(path, state)
+    checkpoint.verify(path, {"model": msd, "optim": osd} if with_optimizer else {"model": msd})
     reader = checkpoint.CountingReader(path)
-    dcp.load(state, storage_reader=reader, no_dist=no_dist)  # no_dist: one process
-    if with_optimizer:
-        set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
-    else:
-        set_model_state_dict(model, msd)
+    load(model, opt, path, storage_reader=reader, no_dist=no_dist, with_optimizer=with_optimizer)
     return reader.bytes_read
 
 
@@ -153,10 +189,10 @@ def source(rank, root, group) -> dict:
     model, opt = build(rank, "FSDP2", seed=0)
     losses = train_steps(model, opt, BATCHES[:K], rank)
     start = time.perf_counter()
-    save(model, opt, checkpoint.step_dir(root, K))
+    save_published(model, opt, checkpoint.step_dir(root, K))
     out = {"save_s": time.perf_counter() - start}
     saved = checkpoint.gathered_state(model, opt)
-    full_state_dict(model, opt, rank, root / "full.pt")
+    full_state_dict(model, opt, root / "full.pt")
     out.update(async_save_while_training(model, opt, rank, root, group))
     uninterrupted = checkpoint.gathered_state(model, opt)
     out["losses"] = losses + out.pop("losses_after")
@@ -168,8 +204,8 @@ def source(rank, root, group) -> dict:
 def target(rank, root, layout: str, with_optimizer: bool = True) -> dict:
     model, opt = build(rank, layout, seed=1)
     start = time.perf_counter()
-    bytes_read = load(model, opt, checkpoint.step_dir(root, K),
-                      no_dist=layout == "1 process", with_optimizer=with_optimizer)
+    bytes_read = load_verified(model, opt, checkpoint.step_dir(root, K),
+                               no_dist=layout == "1 process", with_optimizer=with_optimizer)
     load_s = time.perf_counter() - start
     loaded = checkpoint.gathered_state(model, opt)
     losses = train_steps(model, opt, BATCHES[K:], rank)
@@ -188,12 +224,8 @@ def target(rank, root, layout: str, with_optimizer: bool = True) -> dict:
 # ``StateDictOptions(full_state_dict=True, cpu_offload=True)`` gathers every tensor whole onto rank
 # 0's CPU memory (the other ranks get ``{}``): one plain file that ``torch.save`` writes and any
 # single process reads, at the price of the whole model state on one rank.
-def full_state_dict(model, opt, rank, path) -> int:
-    msd, osd = get_state_dict(model, opt,
-                              options=StateDictOptions(full_state_dict=True,
-                                                       cpu_offload=True))
-    if rank.is_main:
-        torch.save({"model": msd, "optim": osd}, path)
+def full_state_dict(model, opt, path) -> int:
+    msd, osd = save_full(model, opt, path)
     tensors = checkpoint.flat_tensors([msd, osd])
     return sum(t.nbytes for t in tensors.values())  # 0 off rank 0
 
@@ -208,10 +240,8 @@ def full_state_dict(model, opt, rank, path) -> int:
 # each kind of save also pays a one-time set-up, a thread pool and the planner's caches: each job
 # makes a one-element save of each kind before anything is timed.)
 def async_save_while_training(model, opt, rank, root, group) -> dict:
-    msd, osd = get_state_dict(model, opt)
     partial = checkpoint.begin_save(root / "async", group)
-    future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=partial,
-                            process_group=group)
+    future = async_save(model, opt, partial, group)
     losses_after = train_steps(model, opt, BATCHES[K:], rank)
     future.result()
     checkpoint.publish(partial, group)
@@ -242,13 +272,11 @@ TIMINGS = 3  # each save is timed this many times; the fastest counts (a busy ma
 def timed_save(model, opt, path, group, use_async: bool) -> tuple[float, float]:
     """(seconds until training could go on, seconds of the publish that follows the write)."""
     start = time.perf_counter()
-    msd, osd = get_state_dict(model, opt)
     partial = checkpoint.begin_save(path, group)
     if use_async:
-        future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=partial,
-                                process_group=group)
+        future = async_save(model, opt, partial, group)
     else:
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=partial, process_group=group)
+        save(model, opt, partial, process_group=group)
     returned_s = time.perf_counter() - start  # training goes on from here
     if use_async:
         future.result()  # in a real loop: a few steps later
@@ -261,9 +289,9 @@ def big_saves(rank, root, group) -> dict:
     prepare()  # freed memory leaves the process: PeakMemory measures live tensors
     model, opt = build(rank, "FSDP2", seed=0, cfg=BIG)
     with PeakMemory(device="cpu") as sharded:
-        save(model, opt, root / "big-sharded")
+        save_published(model, opt, root / "big-sharded")
     with PeakMemory(device="cpu") as full:
-        held = full_state_dict(model, opt, rank, root / "big-full.pt")
+        held = full_state_dict(model, opt, root / "big-full.pt")
     times = {"save": [], "async_save": []}
     for i in range(TIMINGS):  # alternate, so that a burst of load hits both
         for kind in times:
@@ -382,15 +410,13 @@ def shards(layout: str, n: int) -> int:
     return {"FSDP2": n, "HSDP": n // 2}.get(layout, 1)
 
 
-def share_read(layout: str, n: int, bytes_read: int) -> float:
+def share_read(layout: str, n: int, bytes_read: int) -> checks.Checked:
     """The fraction of the checkpoint one rank read: about its own piece, 1/shards
     (within half of that: the small records every rank needs come on top)."""
     share, fraction = 1 / shards(layout, n), round(bytes_read / CKPT_BYTES, 2)
-    target = name(layout, n).lower().replace(" ", "_")
-    return ledger.record(f"checkpoint.load.{target}.fraction_read", checks.expect_close(
+    return checks.expect_close(
         "reads its share", name(layout, n), fraction, share, share / 2, what="fraction read",
-        unit="of checkpoint", against="1 / the pieces the target cuts each tensor into"),
-        **SAVED)
+        unit="of checkpoint", against="1 / the pieces the target cuts each tensor into")
 
 
 rows = []
@@ -405,12 +431,14 @@ for (layout, n), res in results.items():
 # gap of 0 is no value the ledger can record as asserted; the number is that check's result.
 ledger.claim("checkpoint.reshard.max_abs_diff", max(max(r[2:4]) for r in rows),
              "absolute", guard="computed", **SAVED)
-print(report.table(rows, ["target", "placements", "max |Δ| params", "max |Δ| optimizer",
-                          "bytes read/rank", "of checkpoint", "load s"],
-                   formats={"max |Δ| params": ".1e", "max |Δ| optimizer": ".1e",
-                            "of checkpoint": ".0%", "load s": ".2f"},
-                   title=f"source: FSDP2 x{SOURCE_N}, AdamW, after {K} steps "
-                         f"({CKPT_BYTES:,} bytes of .distcp files)"))
+reshard = report.table(rows, ["target", "placements", "max |Δ| params", "max |Δ| optimizer",
+                              "bytes read/rank", "of checkpoint", "load s"],
+                       formats={"max |Δ| params": ".1e", "max |Δ| optimizer": ".1e",
+                                "of checkpoint": ".0%", "load s": ".2f"},
+                       title=f"source: FSDP2 x{SOURCE_N}, AdamW, after {K} steps "
+                             f"({CKPT_BYTES:,} bytes of .distcp files)",
+                       record=ledger, name="checkpoint.reshard", **SAVED)
+report.show(reshard)
 
 # %%
 # Each rank reads the rows it will hold: about ``1/S`` of the checkpoint when the target cuts each
@@ -483,10 +511,11 @@ resume = {  # claim: (printed gap, unit, the check that bounds it)
 for claim, (gap, unit, check) in resume.items():
     ledger.claim(f"checkpoint.resume.{claim}", float(f"{gap:.1e}"), unit,
                  guard="computed", **SAVED)  # the {check} check bounds it; a max over runs
-print(report.table(rows, ["resumed run", "tolerance", "max |Δ| loss", "max |Δ| params"],
-                   formats={"max |Δ| loss": ".1e", "max |Δ| params": ".1e"},
-                   title=f"{K} steps after the checkpoint, against the run that never "
-                         "stopped"))
+resumes = report.table(rows, ["resumed run", "tolerance", "max |Δ| loss", "max |Δ| params"],
+                       formats={"max |Δ| loss": ".1e", "max |Δ| params": ".1e"},
+                       title=f"{K} steps after the checkpoint, against the run that never "
+                             "stopped", record=ledger, name="checkpoint.resume.table", **SAVED)
+report.show(resumes)
 
 # %%
 # On disk
@@ -518,13 +547,15 @@ checks.expect("checkpoint size", "all ranks",
 METADATA = ledger.claim("checkpoint.metadata_bytes", usage.metadata_bytes, "bytes",
                         **SAVED)
 SAVE_S = ledger.claim("checkpoint.save_seconds", round(src["save_s"], 2), "s", **SAVED)
-print(report.table(
-    [[r, usage.file_bytes[r], expected, usage.tensor_bytes[r], usage.entries[r],
+disk = report.table(
+    [[f"rank {r}", usage.file_bytes[r], expected, usage.tensor_bytes[r], usage.entries[r],
       usage.framing_bytes[r] / usage.entries[r]] for r in range(len(usage.file_bytes))],
     ["rank", "file bytes", "model: params + optimizer", "tensor bytes", "records",
      "framing/record"], formats={"framing/record": ",.0f"},
     title=f".metadata: {METADATA:,} bytes; the save took {SAVE_S:.2f} s "
-          "(rank 0, publishing included)"))
+          "(rank 0, publishing included)",
+    record=ledger, name="checkpoint.on_disk", precision="fp32", **SAVED)
+report.show(disk)
 
 # %%
 # The full state dict, and one file for ``torch.load``
@@ -558,19 +589,23 @@ ON_BIG = dict(model="checkpoint-big", optimizer="adamw", precision="fp32",
               world_size=SOURCE_N)
 BIG_PARAMS = ledger.claim("checkpoint.big.params",
                           sum(torch.Size(s).numel() for s in big_shapes), "parameters")
-print(report.table([["sharded: get_state_dict + dcp.save",
-                     ledger.record("checkpoint.big.sharded_save.peak_bytes",
-                                   peak_sharded_checked, fmt=",.0f", **ON_BIG),
-                     share.params + share.optimizer],
-                    ["full_state_dict=True, cpu_offload=True",
-                     ledger.record("checkpoint.big.full_state_dict.peak_bytes",
-                                   peak_full_checked, fmt=",.0f", **ON_BIG),
-                     ledger.record("checkpoint.big.full_state_dict.held_bytes",
-                                   held_checked, fmt=",.0f", **ON_BIG)]],
-                   ["rank 0 saving with", "peak memory (bytes)",
-                    "model state it stands for"],
-                   title=f"BIG: {BIG_PARAMS:,} parameters, AdamW, FSDP2 x{SOURCE_N}"))
+SHARE = ledger.claim("checkpoint.big.sharded_save.share_bytes", share.params + share.optimizer,
+                     "bytes", fmt=",.0f", **ON_BIG)  # computed: the memory model's prediction
+big_table = report.table(
+    [["sharded: get_state_dict + dcp.save",
+      ledger.record("checkpoint.big.sharded_save.peak_bytes", peak_sharded_checked, fmt=",.0f",
+                    **ON_BIG), SHARE],
+     ["full_state_dict=True, cpu_offload=True",
+      ledger.record("checkpoint.big.full_state_dict.peak_bytes", peak_full_checked, fmt=",.0f",
+                    **ON_BIG),
+      ledger.record("checkpoint.big.full_state_dict.held_bytes", held_checked, fmt=",.0f",
+                    **ON_BIG)]],
+    ["rank 0 saving with", "peak memory (bytes)", "model state it stands for"],
+    title=f"BIG: {BIG_PARAMS:,} parameters, AdamW, FSDP2 x{SOURCE_N}")
+report.show(big_table)
 
+# %%
+# The full state dict's file, and DCP's converters, each give back the sharded save bit for bit.
 plain = torch.load(ROOT / "full.pt", weights_only=True)
 model, opt = build(SINGLE, "1 process", seed=1)
 set_state_dict(model, opt, model_state_dict=plain["model"],
@@ -593,9 +628,7 @@ model, opt = build(SINGLE, "1 process", seed=1)
 msd, osd = get_state_dict(model, opt)
 checkpoint.verify(HERE / "from-torch-save", {"model": msd, "optim": osd},
                   manifest=False)
-dcp.load({"model": msd, "optim": osd}, checkpoint_id=HERE / "from-torch-save",
-         no_dist=True)
-set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+load(model, opt, HERE / "from-torch-save", no_dist=True)
 checks.assert_params_match("torch_save_to_dcp", src["saved"],
                            checkpoint.gathered_state(model, opt), 0.0,
                            check="format conversion")
@@ -613,7 +646,7 @@ print("full.pt, dcp_to_torch_save and torch_save_to_dcp: each equals the sharded
 # ordering. The publish after the write (checksums of every file, one rename) is the same for both
 # and blocks either unless it is moved off the loop too; it is timed on its own.
 model, opt = build(SINGLE, "1 process", seed=1)
-load(model, opt, ROOT / "async", no_dist=True)
+load_verified(model, opt, ROOT / "async", no_dist=True)
 checks.assert_params_match("async_save, then training went on", src["saved"],
                            checkpoint.gathered_state(model, opt), 0.0,
                            check="async checkpoint")
