@@ -34,7 +34,7 @@ from sphinx.util import logging
 from guide import claims, rendered
 
 logger = logging.getLogger(__name__)
-_ROLE = re.compile(r"^\s*(?P<name>[^\s<]+)\s*(?P<unit><unit>)?\s*$")
+_ROLE = re.compile(r"^\s*(?P<name>[^\s<]+)\s*(?:<(?P<unit>[^<>]+)>)?\s*$")
 
 
 def _configure(app, config) -> None:
@@ -80,7 +80,9 @@ def _claim_role(name, rawtext, text, lineno, inliner, options=None, content=None
                                      ":claim:`name <unit>`.", line=lineno)
         return [inliner.problematic(rawtext, rawtext, msg)], [msg]
     node = claim_ref(rawtext, m["name"])
+    # <unit> appends the claim's unit; <MiB> appends it too, after checking it is the claim's.
     node["claim"], node["with_unit"] = m["name"], bool(m["unit"])
+    node["unit_as_written"] = None if m["unit"] in (None, "unit") else m["unit"]
     return [node], []
 
 
@@ -99,6 +101,11 @@ def _resolve_claims(app, doctree, docname) -> None:
                 "recorded it in this build. Record it (ledger.claim / ledger.record) on a page "
                 "that runs, or fix the name.")
         r = found[0]
+        written = ref.get("unit_as_written")
+        if written is not None and written != r.unit:
+            raise ExtensionError(
+                f"page {docname!r}: claim {name!r} is in {r.unit!r}, the claim role says "
+                f"<{written}>: write :claim:`{name} <{r.unit}>` (or <unit>).")
         text = r.text + (f" {r.unit}" if ref["with_unit"] and r.unit else "")
         ref.replace_self(nodes.abbreviation(text, text, explanation=f"{name}: {r.guard}",
                                             classes=["claim"]))

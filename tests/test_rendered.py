@@ -122,12 +122,12 @@ def test_a_strict_build_fails_naming_page_and_unrecorded_number(tmp_path) -> Non
 
 
 def test_a_report_build_writes_the_numbers_and_the_claim_role_renders(tmp_path) -> None:
-    out, html = _build(tmp_path, "It fits in 79.6 GiB.", "report")
+    out, html = _build(tmp_path, "It fits in 79.6 GiB; {claim}`peak <GiB>` again.", "report")
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads((tmp_path / "unrecorded.json").read_text())
     assert [u["number"] for u in report["pages"]["a"]] == ["79.6"]
     page = (html / "a.html").read_text()
-    assert "1,314.2 GiB</abbr>" in page and "computed" in page  # the role: value as shown, unit
+    assert page.count("1,314.2 GiB</abbr>") == 2 and "computed" in page  # value as shown, unit
     rows = json.loads((html / "ledger.json").read_text())
     assert rows[0]["shown"] == "1,314.2" and (html / "ledger.csv").read_text().startswith("page,")
 
@@ -144,3 +144,9 @@ def test_a_number_cited_by_the_claim_role_is_the_ledgers() -> None:
     html = ('<article><p>a block keeps <abbr class="claim" title="x: computed">1.52</abbr>x '
             "the estimate, on 7 layers</p></article>")
     assert [u.number for u in rendered.scan_page("p", html, [])] == ["7"]
+
+
+def test_a_claim_role_naming_another_unit_fails_the_build(tmp_path) -> None:
+    out, _ = _build(tmp_path, "Also {claim}`peak <MiB>`.", "off")
+    assert out.returncode != 0
+    assert "claim 'peak' is in 'GiB', the claim role says <MiB>" in out.stdout + out.stderr
