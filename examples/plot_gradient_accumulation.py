@@ -31,17 +31,55 @@ This page checks three things and **fails the docs build** if one does not hold:
 """
 
 # %%
+# The code to copy: one micro-batch, and one optimizer step
+# ----------------------------------------------------------
+# Each micro-batch's loss is divided by ``k``: the sum of ``k`` gradients of mean losses over ``B``
+# sequences is then the gradient of the mean loss over all ``k * B``. ``sync`` says whether this
+# backward reduces the gradients across ranks. DDP's switch is a context manager around forward *and*
+# backward; FSDP2's is a flag on the module, read by the backward hooks. ``loss_fn(model, tokens)``
+# is any mean loss. ``probe``, a context manager, wraps the first micro-batch of a step when
+# something is to be measured around it (this page's bookkeeping; leave it out when you copy).
+import contextlib
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def micro_step(model, tokens, loss_fn, k: int, sync: bool) -> float:
+    if isinstance(model, DDP):
+        ctx = contextlib.nullcontext() if sync else model.no_sync()
+    else:  # FSDP2
+        model.set_requires_gradient_sync(sync)
+        ctx = contextlib.nullcontext()
+    with ctx:
+        loss = loss_fn(model, tokens) / k
+        loss.backward()
+    return loss.item()
+
+
+def accumulation_step(model, opt, micro_batches, loss_fn, skip_sync: bool,
+                      probe=None) -> float:
+    """One optimizer step over this rank's ``micro_batches``: reduce on the last one only
+    (``skip_sync``) or on every one."""
+    k = len(micro_batches)
+    opt.zero_grad(set_to_none=True)
+    loss = 0.0
+    for m, micro in enumerate(micro_batches):
+        with probe if probe is not None and m == 0 else contextlib.nullcontext():
+            loss += micro_step(model, micro, loss_fn, k, sync=m == k - 1 or not skip_sync)
+    opt.step()
+    return loss
+
+
+# %%
 # The data: one big batch, or k micro-batches of it
 # -------------------------------------------------
 # The reference takes each global batch of ``K * B`` sequences in one step.
 # :func:`guide.data.micro_batches` cuts the *same* batch into ``K`` micro-batches of ``B``; each
 # rank then takes its slice of each micro-batch. The model is the wider configuration of the
 # ``reshard_after_forward`` page, so that a full set of gradients is megabytes.
-import contextlib
 import statistics
 
 import matplotlib.pyplot as plt
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
@@ -66,39 +104,6 @@ BIG = synthetic_batches(steps=STEPS, batch_size=K * B, seq_len=16, vocab=CFG.voc
 MICRO = micro_batches(BIG, K)  # (steps, K, B, T+1)
 print(f"{STEPS} optimizer steps; each: 1 batch of {K * B} sequences (reference) = {K} "
       f"micro-batches of {B} ({B // WORLD_SIZE} per rank on {WORLD_SIZE} ranks)")
-
-# %%
-# One micro-batch, and one optimizer step
-# ---------------------------------------
-# Each micro-batch's loss is divided by ``K``: the sum of ``K`` gradients of mean losses over ``B``
-# sequences is then the gradient of the mean loss over all ``K * B``. ``sync`` says whether this
-# backward reduces the gradients across ranks. DDP's switch is a context manager around forward *and*
-# backward; FSDP2's is a flag on the module, read by the backward hooks. ``probe``, a context
-# manager, wraps the first micro-batch of a step when something is to be measured around it.
-
-
-def micro_step(model, tokens, sync: bool) -> float:
-    if isinstance(model, DDP):
-        ctx = contextlib.nullcontext() if sync else model.no_sync()
-    else:
-        model.set_requires_gradient_sync(sync)
-        ctx = contextlib.nullcontext()
-    with ctx:
-        loss = next_token_loss(model, tokens) / K
-        loss.backward()
-    return loss.item()
-
-
-def accumulation_step(model, opt, step_batch, rank, skip_sync: bool,
-                      probe=None) -> float:
-    opt.zero_grad(set_to_none=True)
-    loss = 0.0
-    for m, micro in enumerate(step_batch):
-        with probe if probe is not None and m == 0 else contextlib.nullcontext():
-            loss += micro_step(model, rank_slice(micro, rank.rank, rank.world_size),
-                               sync=m == K - 1 or not skip_sync)
-    opt.step()
-    return loss
 
 
 @contextlib.contextmanager
@@ -130,12 +135,16 @@ def run(rank: guide.Rank, strategy: Strategy, skip_sync: bool) -> dict:
     if strategy is Strategy.DDP:
         comm.count_ddp_allreduce(model)
     opt = make_optimizer("sgd", model.parameters())
-    out = {"losses": [accumulation_step(model, opt, MICRO[0], rank, skip_sync)]}
+    mine = [[rank_slice(micro, rank.rank, rank.world_size) for micro in step_batch]
+            for step_batch in MICRO]  # this rank's slice of every micro-batch
+
+    def step(i: int, probe=None) -> float:
+        return accumulation_step(model, opt, mine[i], next_token_loss, skip_sync, probe)
+
+    out = {"losses": [step(0)]}
     with CollectiveLog(model) as log:
-        out["losses"].append(accumulation_step(model, opt, MICRO[1], rank, skip_sync,
-                                               probe=gradients_held(model, out)))
-    for step_batch in MICRO[2:]:
-        out["losses"].append(accumulation_step(model, opt, step_batch, rank, skip_sync))
+        out["losses"].append(step(1, probe=gradients_held(model, out)))
+    out["losses"] += [step(i) for i in range(2, STEPS)]
     return out | {"params": full_state(model), "collectives": log.records}
 
 

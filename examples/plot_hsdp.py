@@ -42,19 +42,35 @@ gradient accumulation; the
 """
 
 # %%
-# The mesh
-# --------
+# The code to copy: the mesh
+# --------------------------
 # ``init_device_mesh(device, (2, 2), mesh_dim_names=("replicate", "shard"))`` arranges the ranks
 # row-major: ranks 0 and 1 form replica 0, ranks 2 and 3 replica 1, and ranks 0 and 2 hold the same
 # shard. ``mesh["shard"]`` is the 2-rank group a rank all-gathers and reduce-scatters with (inside
 # a node), ``mesh["replicate"]`` the group it all-reduces gradient shards with (across nodes). Under
-# ``torchrun`` with more ranks the shard dimension grows: 8 ranks make a ``(2, 4)`` mesh.
-import dataclasses
-
-import matplotlib.pyplot as plt
+# ``torchrun`` with more ranks the shard dimension grows: 8 ranks make a ``(2, 4)`` mesh. The rest is
+# FSDP2 as usual: ``fully_shard`` on each block, then on the root, with the 2-D mesh.
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+
+
+def apply_hsdp(model: torch.nn.Module, replicas: int, shards: int,
+               device_type: str = "cpu") -> torch.nn.Module:
+    """Shard ``model`` over ``shards`` ranks, replicated ``replicas`` times (HSDP)."""
+    mesh = init_device_mesh(device_type, (replicas, shards),
+                            mesh_dim_names=("replicate", "shard"))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+# %%
+# The setup: 4 ranks as two "nodes" of two, the main page's model and its single-process reference.
+import dataclasses
+
+import matplotlib.pyplot as plt
 
 import guide
 from guide import checks, claims, comm, plotting
@@ -89,13 +105,7 @@ print(f"{WORLD_SIZE} ranks as a {REPLICAS} x {SHARDS} mesh (replicate, shard); {
 
 
 def hsdp_model(rank: guide.Rank) -> torch.nn.Module:
-    mesh = init_device_mesh(rank.device.type, (REPLICAS, SHARDS),
-                            mesh_dim_names=("replicate", "shard"))
-    model = build_model(CFG, device=rank.device)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
+    return apply_hsdp(build_model(CFG, device=rank.device), REPLICAS, SHARDS, rank.device.type)
 
 
 # %%
