@@ -31,6 +31,52 @@ This page checks three things and **fails the docs build** if one does not hold:
 """
 
 # %%
+# The code to copy: one micro-batch, and one optimizer step
+# ----------------------------------------------------------
+# Each micro-batch's loss is divided by ``k``: the sum of ``k`` gradients of mean losses over ``B``
+# sequences is then the gradient of the mean loss over all ``k * B``. ``sync`` says whether this
+# backward reduces the gradients across ranks. DDP's switch is a context manager around forward
+# *and* backward; FSDP2's is a flag on the module, read by the backward hooks.
+# ``loss_fn(model, tokens)`` is any mean loss. ``probe``, a context manager, wraps the first micro-batch of a step when
+# something is to be measured around it (this page's bookkeeping; leave it out when you copy).
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def backward(model, tokens, loss_fn, k: int) -> float:
+    loss = loss_fn(model, tokens) / k
+    loss.backward()
+    return loss.item()
+
+
+def micro_step(model, tokens, loss_fn, k: int, sync: bool) -> float:
+    if isinstance(model, DDP):
+        if sync:
+            return backward(model, tokens, loss_fn, k)
+        with model.no_sync():  # around forward and backward
+            return backward(model, tokens, loss_fn, k)
+    model.set_requires_gradient_sync(sync)  # FSDP2: read by the backward hooks
+    return backward(model, tokens, loss_fn, k)
+
+
+def accumulation_step(model, opt, micro_batches, loss_fn, skip_sync: bool,
+                      probe=None) -> float:
+    """One optimizer step over this rank's ``micro_batches``: reduce on the last one only
+    (``skip_sync``) or on every one."""
+    k = len(micro_batches)
+    opt.zero_grad(set_to_none=True)
+    loss = 0.0
+    for m, micro in enumerate(micro_batches):
+        sync = m == k - 1 or not skip_sync
+        if probe is not None and m == 0:  # this page's measurement
+            with probe:
+                loss += micro_step(model, micro, loss_fn, k, sync)
+        else:
+            loss += micro_step(model, micro, loss_fn, k, sync)
+    opt.step()
+    return loss
+
+
+# %%
 # The data: one big batch, or k micro-batches of it
 # -------------------------------------------------
 # The reference takes each global batch of ``K * B`` sequences in one step.
@@ -41,18 +87,16 @@ import contextlib
 import statistics
 
 import matplotlib.pyplot as plt
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, claims, comm, sharding
+from guide import checks, claims, comm, report, sharding
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.layout import full_state, local_tensor
 from guide.memory import MMAP_THRESHOLD, PeakMemory, prepare
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
-from guide.report import table
 from guide.sharding import Strategy
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run)
@@ -64,41 +108,10 @@ CFG = ModelConfig(d_model=256, n_heads=4, d_mlp=1024, n_layers=4)
 BIG = synthetic_batches(steps=STEPS, batch_size=K * B, seq_len=16, vocab=CFG.vocab,
                         seed=0)
 MICRO = micro_batches(BIG, K)  # (steps, K, B, T+1)
-print(f"{STEPS} optimizer steps; each: 1 batch of {K * B} sequences (reference) = {K} "
+SETUP = dict(model="tinylm-wide", optimizer="sgd", world_size=WORLD_SIZE, k=K,
+             steps=STEPS, batch=K * B, micro_batch=B, per_rank_micro_batch=B // WORLD_SIZE)
+print(f"{STEPS} optimizer steps; each: one batch of {K * B} sequences (reference) = {K} "
       f"micro-batches of {B} ({B // WORLD_SIZE} per rank on {WORLD_SIZE} ranks)")
-
-# %%
-# One micro-batch, and one optimizer step
-# ---------------------------------------
-# Each micro-batch's loss is divided by ``K``: the sum of ``K`` gradients of mean losses over ``B``
-# sequences is then the gradient of the mean loss over all ``K * B``. ``sync`` says whether this
-# backward reduces the gradients across ranks. DDP's switch is a context manager around forward *and*
-# backward; FSDP2's is a flag on the module, read by the backward hooks. ``probe``, a context
-# manager, wraps the first micro-batch of a step when something is to be measured around it.
-
-
-def micro_step(model, tokens, sync: bool) -> float:
-    if isinstance(model, DDP):
-        ctx = contextlib.nullcontext() if sync else model.no_sync()
-    else:
-        model.set_requires_gradient_sync(sync)
-        ctx = contextlib.nullcontext()
-    with ctx:
-        loss = next_token_loss(model, tokens) / K
-        loss.backward()
-    return loss.item()
-
-
-def accumulation_step(model, opt, step_batch, rank, skip_sync: bool,
-                      probe=None) -> float:
-    opt.zero_grad(set_to_none=True)
-    loss = 0.0
-    for m, micro in enumerate(step_batch):
-        with probe if probe is not None and m == 0 else contextlib.nullcontext():
-            loss += micro_step(model, rank_slice(micro, rank.rank, rank.world_size),
-                               sync=m == K - 1 or not skip_sync)
-    opt.step()
-    return loss
 
 
 @contextlib.contextmanager
@@ -130,12 +143,16 @@ def run(rank: guide.Rank, strategy: Strategy, skip_sync: bool) -> dict:
     if strategy is Strategy.DDP:
         comm.count_ddp_allreduce(model)
     opt = make_optimizer("sgd", model.parameters())
-    out = {"losses": [accumulation_step(model, opt, MICRO[0], rank, skip_sync)]}
+    mine = [[rank_slice(micro, rank.rank, rank.world_size) for micro in step_batch]
+            for step_batch in MICRO]  # this rank's slice of every micro-batch
+
+    def step(i: int, probe=None) -> float:
+        return accumulation_step(model, opt, mine[i], next_token_loss, skip_sync, probe)
+
+    out = {"losses": [step(0)]}
     with CollectiveLog(model) as log:
-        out["losses"].append(accumulation_step(model, opt, MICRO[1], rank, skip_sync,
-                                               probe=gradients_held(model, out)))
-    for step_batch in MICRO[2:]:
-        out["losses"].append(accumulation_step(model, opt, step_batch, rank, skip_sync))
+        out["losses"].append(step(1, probe=gradients_held(model, out)))
+    out["losses"] += [step(i) for i in range(2, STEPS)]
     return out | {"params": full_state(model), "collectives": log.records}
 
 
@@ -163,8 +180,6 @@ def label(strategy: Strategy, skip: bool) -> str:
 # After every run, the trained parameters must equal the single-process run on the big batches
 # within :data:`guide.checks.PARAM_TOL` (SGD), and each optimizer step's loss (summed over
 # micro-batches, averaged over ranks) must equal the reference's.
-SETUP = dict(model="tinylm-wide", optimizer="sgd", world_size=WORLD_SIZE, k=K,
-             steps=STEPS)
 
 
 def claim_name(strategy: Strategy, skip: bool, quantity: str) -> str:
@@ -185,8 +200,8 @@ for (strategy, skip), res in results.items():
                  ledger.record(claim_name(strategy, skip, "loss_gap"), dl, fmt=".1e", **SETUP),
                  ledger.record(claim_name(strategy, skip, "param_gap"), dp, fmt=".1e",
                                **SETUP)])
-print(table(rows, ["run", "max |Δloss|", "max |Δparam|"],
-            formats={"max |Δloss|": ".1e", "max |Δparam|": ".1e"}))
+report.show(report.table(rows, ["run", "max |Δloss|", "max |Δparam|"],
+                         formats={"max |Δloss|": ".1e", "max |Δparam|": ".1e"}))
 
 # %%
 # 2. Reductions per optimizer step
@@ -232,8 +247,8 @@ def calls(strategy: Strategy, skip: bool, kind: str) -> int:
         what=f"{kind}s per optimizer step", unit="calls", against=against), fmt=".0f", **SETUP)
 
 
-print(table([[label(*key), *(calls(*key, kind) for kind in KINDS)] for key in count],
-            ["run", "all-reduce", "reduce-scatter", "all-gather"]))
+report.show(report.table([[label(*key), *(calls(*key, kind) for kind in KINDS)] for key in count],
+                         ["run", "all-reduce", "reduce-scatter", "all-gather"]))
 
 # %%
 # 3. The memory it costs
@@ -273,7 +288,13 @@ checks.expect("gradient memory", f"FSDP2 x{WORLD_SIZE} without sync",
               ".grad was set before the last "
               "micro-batch; the page says FSDP2 holds the gradients internally.")
 COLUMNS = ["held (measured) MiB", "in .grad MiB", "expected MiB"]
-print(table(rows, ["run", *COLUMNS], formats=dict.fromkeys(COLUMNS, ".2f")))
+MEMORY = report.table(rows, ["run", *COLUMNS], formats=dict.fromkeys(COLUMNS, ".2f"),
+                      record=ledger, name="accumulation.memory", **SETUP)
+report.show(MEMORY)
+
+# %%
+# The trade-off, in two numbers: the reduce-scatters saved per optimizer step (checked against
+# ``(K - 1)`` times the units) and the gradient memory it costs per rank.
 fsdp2_rs = count[Strategy.FSDP2, False]["reduce_scatter"]
 saved = ledger.record("accumulation.fsdp2.sync_skipped.reduce_scatters_saved",
                       checks.expect_close("sync skipped", f"FSDP2 x{WORLD_SIZE}",
@@ -284,10 +305,11 @@ extra = held[Strategy.FSDP2, True] - held[Strategy.FSDP2, False]
 # Computed: a difference of two measurements each checked within ±10 %, not itself checked.
 extra = ledger.claim("accumulation.fsdp2.sync_skipped.extra_gradient_memory",
                      extra / MiB, "MiB", fmt=".2f", **SETUP)
-print(f"\nFSDP2 trade-off at K={K}, N={WORLD_SIZE}: skipping the sync saves {saved} of "
-      f"{fsdp2_rs} reduce-scatters per optimizer step and costs {extra:.2f} MiB more "
-      "gradient memory per rank during accumulation: the full gradients, as DDP holds "
-      "them.")
+report.conclusion(
+    f"FSDP2 trade-off at K={K}, N={WORLD_SIZE}: skipping the sync saves {saved:.0f} of "
+    f"{fsdp2_rs} reduce-scatters per optimizer step and costs {extra:.2f} MiB more gradient "
+    "memory per rank during accumulation: the full gradients, as DDP holds them.")
+
 
 # %%
 # The trade-off in one figure: gradient reductions per optimizer step, and the gradient memory held

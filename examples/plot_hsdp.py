@@ -19,7 +19,8 @@ mesh whose inner dimension shards each parameter over the GPUs of one node, wher
 of a few nodes, when one node cannot hold the model's shards), and whose outer dimension replicates
 those shards across nodes, as DDP would. Each step then all-gathers and reduce-scatters only inside
 a shard group; what crosses between the replicas is one all-reduce of each gradient *shard*. The
-price is memory: a rank holds 1/(GPUs per shard group) of the model state, not 1/(all GPUs).
+price is memory: a rank holds the model state divided by the GPUs of its shard group, not by all
+the GPUs.
 
 The mesh is the whole API: ``fully_shard(module, mesh=mesh)`` with a 2-D mesh is HSDP. This page
 builds it on 4 CPU ranks as a ``(2, 2)`` mesh (two "nodes" of two ranks) and **fails the docs build**
@@ -42,28 +43,43 @@ gradient accumulation; the
 """
 
 # %%
-# The mesh
-# --------
+# The code to copy: the mesh
+# --------------------------
 # ``init_device_mesh(device, (2, 2), mesh_dim_names=("replicate", "shard"))`` arranges the ranks
-# row-major: ranks 0 and 1 form replica 0, ranks 2 and 3 replica 1, and ranks 0 and 2 hold the same
-# shard. ``mesh["shard"]`` is the 2-rank group a rank all-gathers and reduce-scatters with (inside
+# row-major: rank 0 and rank 1 form replica 0, rank 2 and rank 3 replica 1, and rank 0 and rank 2
+# hold the same shard. ``mesh["shard"]`` is the 2-rank group a rank all-gathers and reduce-scatters with (inside
 # a node), ``mesh["replicate"]`` the group it all-reduces gradient shards with (across nodes). Under
-# ``torchrun`` with more ranks the shard dimension grows: 8 ranks make a ``(2, 4)`` mesh.
-import dataclasses
-
-import matplotlib.pyplot as plt
+# ``torchrun`` with more ranks the shard dimension grows: ``--nproc-per-node=8`` makes a ``(2, 4)``
+# mesh. The rest is FSDP2 as usual: ``fully_shard`` on each block, then on the root, with the 2-D mesh.
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+
+def apply_hsdp(model: torch.nn.Module, replicas: int, shards: int,
+               device_type: str = "cpu") -> torch.nn.Module:
+    """Shard ``model`` over ``shards`` ranks, replicated ``replicas`` times (HSDP)."""
+    mesh = init_device_mesh(device_type, (replicas, shards),
+                            mesh_dim_names=("replicate", "shard"))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+# %%
+# The setup: 4 ranks as two "nodes" of two, the main page's model and its single-process reference.
+import dataclasses
+
+import matplotlib.pyplot as plt
+
 import guide
-from guide import checks, claims, comm, plotting
+from guide import checks, claims, comm, plotting, report
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.layout import full_state, local_tensor, param_layouts
 from guide.memory import StateBytes, measure, param_shapes, state_bytes_by_rank
 from guide.model import ModelConfig, build_model
-from guide.report import table
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run, train_steps)
 
@@ -82,20 +98,14 @@ PARAMS = ledger.claim("tinylm.main.params",
                       sum(p.numel() for p in build_model(CFG).parameters()),
                       "parameters", model=repr(CFG))
 HSDP = dict(model="tinylm-main", world_size=WORLD_SIZE, replicas=REPLICAS,
-            shards=SHARDS)
+            shards=SHARDS, global_batch=BATCHES.shape[1], steps_counted=STEPS - 1)
 print(f"{WORLD_SIZE} ranks as a {REPLICAS} x {SHARDS} mesh (replicate, shard); {STEPS} "
       f"global batches of {BATCHES.shape[1]} sequences; the main page's model, "
       f"{PARAMS:,} parameters")
 
 
 def hsdp_model(rank: guide.Rank) -> torch.nn.Module:
-    mesh = init_device_mesh(rank.device.type, (REPLICAS, SHARDS),
-                            mesh_dim_names=("replicate", "shard"))
-    model = build_model(CFG, device=rank.device)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
+    return apply_hsdp(build_model(CFG, device=rank.device), REPLICAS, SHARDS, rank.device.type)
 
 
 # %%
@@ -223,8 +233,8 @@ per_rank = guide.launch(all_runs, WORLD_SIZE)
 results = {name: [r[name] for r in per_rank] for name in per_rank[0]}
 
 # %%
-# 1-3. Placement, replicas, equivalence
-# -------------------------------------
+# 1. Placement, replicas and equivalence
+# --------------------------------------
 # Every parameter must be a ``DTensor`` placed ``(Replicate(), Shard(dim=0))`` holding the rows of
 # its shard position (:func:`guide.checks.assert_hsdp_sharded`); the two ranks at each shard
 # position must hold equal shards after every step (:func:`guide.checks.assert_replicas_identical`);
@@ -269,20 +279,21 @@ for opt in ("sgd", "adamw"):
                                  "parameter equivalence"),
         "param tol": ledger.claim(f"tolerance.param.{opt}", checks.PARAM_TOL[opt],
                                   "absolute")})
-print(table(rows,
-            formats={"max |Δloss|": ".1e", "loss tol": ".0e", "max |Δparam|": ".1e",
-                     "param tol": ".0e"}))
+report.show(report.table(
+    rows, formats={"max |Δloss|": ".1e", "loss tol": ".0e", "max |Δparam|": ".1e",
+                   "param tol": ".0e"}))
 
+# %%
+# Where each parameter's rows live: the local shard shapes on every rank, with the rank's
+# coordinate as its own mesh reports it.
 layout = {(lay.name, lay.rank): lay for r in results["sgd"] for lay in r.layouts}
-print()
-print(table([[name, str(layout[name, 0].global_shape), layout[name, 0].placements,
-              *(str(layout[name, r].local_shape) for r in range(WORLD_SIZE))]
-             for name in ("tok_emb.weight", "blocks.0.qkv.weight",
-                          "blocks.0.ln1.bias")],
-            ["parameter", "global", "placements",
-             *(f"rank {r} {coordinates[r]}" for r in range(WORLD_SIZE))],
-            title="Local shard shapes; each rank's (replica, shard) coordinate "
-                  "from its mesh"))
+report.show(report.table(
+    [[name, str(layout[name, 0].global_shape), layout[name, 0].placements,
+      *(str(layout[name, r].local_shape) for r in range(WORLD_SIZE))]
+     for name in ("tok_emb.weight", "blocks.0.qkv.weight", "blocks.0.ln1.bias")],
+    ["parameter", "global", "placements",
+     *(f"rank {r} {coordinates[r]}" for r in range(WORLD_SIZE))],
+    title="Local shard shapes; each rank's (replica, shard) coordinate from its mesh"))
 
 # %%
 # 4. Memory: FSDP2 over the shard group
@@ -324,13 +335,16 @@ def state_claim(name: str, what: str, held: StateBytes) -> int:
         against=f"guide.memory.state_bytes_by_rank('fsdp2', {SHARDS})"), **adamw)
 
 
-print(table([[label, s.params, s.grads, s.optimizer, state_claim(name, "model_state", s),
-              s.buckets, state_claim(name, "total", s) if s.buckets else s.total]
-             for label, (name, s) in compare.items()],
-            ["AdamW, per rank (bytes)", "params", "grads", "optimizer", "model state",
-             "DDP buckets", "total"]))
-print(f"\nMeasured = model on all {WORLD_SIZE} ranks: each holds 1/{SHARDS} of the "
-      "model state.")
+STATE = report.table(
+    [[label, s.params, s.grads, s.optimizer, state_claim(name, "model_state", s),
+      s.buckets, state_claim(name, "total", s) if s.buckets else s.total]
+     for label, (name, s) in compare.items()],
+    ["AdamW, per rank (bytes)", "params", "grads", "optimizer", "model state", "DDP buckets",
+     "total"], formats={"model state": ",.0f", "total": ",.0f"},
+    record=ledger, name="hsdp.state", keys=["ddp", "hsdp", "fsdp2"], **adamw)
+report.conclusion(f"Measured = model on all {WORLD_SIZE} ranks: each holds the model state of "
+                  f"FSDP2 over its shard group of {SHARDS} ranks.")
+report.show(STATE)
 
 # %%
 # 5. Communication: inside the shard group, and across the replicas
@@ -371,12 +385,11 @@ def counted(kind: str) -> list[int]:
                 what="elements per step", unit="elements", against=against), fmt=",.0f", **HSDP)]
 
 
-print(table([[kind, ranks, *counted(kind),
-              sum(c.numel for c in HSDP_STEP if c.kind == kind)]
-             for kind, ranks in sorted(spans(HSDP_STEP))],
-            ["collective", "group size", "calls", "elements (measured)",
-             "elements (model)"],
-            title=f"One step on rank 0 ({STEPS - 1} steps counted)"))
+report.show(report.table(
+    [[kind, ranks, *counted(kind), sum(c.numel for c in HSDP_STEP if c.kind == kind)]
+     for kind, ranks in sorted(spans(HSDP_STEP))],
+    ["collective", "group size", "calls", "elements (measured)", "elements (model)"],
+    title=f"One step on rank 0 ({STEPS - 1} steps counted)"))
 
 # %%
 # 6. Gradient accumulation, counted
@@ -455,18 +468,25 @@ def kib(name: str, where: str, kinds: tuple[str, ...]) -> float:
         fmt=",.1f", micro_batches=K, **HSDP)
 
 
-print(table([[n, per_step[n].count("reduce_scatter") // (STEPS - 1),
-              per_step[n].count("all_reduce") // (STEPS - 1),
-              kib(n, "across_replicas", ("all_reduce",)),
-              kib(n, "inside_node", ("all_gather", "reduce_scatter"))]
-             for n in names],
-            ["accumulation", "reduce-scatters", "all-reduces", "across replicas (KiB)",
-             "inside the node (KiB)"],
-            formats={"across replicas (KiB)": ",.1f", "inside the node (KiB)": ",.1f"},
-            title=f"Per optimizer step of K={K} micro-batches, rank 0: calls counted, "
-                  "KiB priced by the ring model"))
-print(f"\nAll checks passed: HSDP on a {REPLICAS}x{SHARDS} mesh trains the "
-      "single-process model, its replicas stay equal, and it sends what the model "
-      "says.")
+report.show(report.table(
+    [[n, per_step[n].count("reduce_scatter") // (STEPS - 1),
+      per_step[n].count("all_reduce") // (STEPS - 1),
+      kib(n, "across_replicas", ("all_reduce",)),
+      kib(n, "inside_node", ("all_gather", "reduce_scatter"))]
+     for n in names],
+    ["accumulation", "reduce-scatters", "all-reduces", "across replicas (KiB)",
+     "inside the node (KiB)"],
+    formats={"across replicas (KiB)": ",.1f", "inside the node (KiB)": ",.1f"},
+    title=f"Per optimizer step of K={K} micro-batches, rank 0: calls counted, "
+          "KiB priced by the ring model",
+    record=ledger, name="hsdp.accumulation.table", keys=list(CLAIM.values()), micro_batches=K,
+    **HSDP))
+
+# %%
+# A check that fails stops the page with its name, so this line prints only when every check
+# above held.
+report.conclusion(f"All checks passed: HSDP on a {REPLICAS}x{SHARDS} mesh trains the "
+                  "single-process model, its replicas stay equal, and it sends what the model "
+                  "says.")
 
 # sphinx_gallery_thumbnail_number = 1
