@@ -183,9 +183,9 @@ for _stale in (HERE / "sg_execution_times.rst", HERE / "auto_examples" / "sg_exe
 ledger_dir = str(HERE / "_build" / "ledger")
 ledger_page = "pages/ledger"
 # After the build, every rendered page is scanned for numbers its ledger lacks (guide.rendered):
-# "report" writes _build/unrecorded.json and a one-line summary; "strict" fails the build naming
-# page and number (the setting once every page records what it prints); "off" skips it.
-ledger_scan = "report"
+# "strict" (the site's setting: every page records what it prints) fails the build naming page and
+# number; "report" only writes _build/unrecorded.json and a one-line summary; "off" skips it.
+ledger_scan = "strict"
 
 
 

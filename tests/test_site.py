@@ -659,19 +659,22 @@ KEY_API = {
     "plot_tp_fsdp2.py": "parallelize_module(",
     "plot_compile_fsdp2.py": ".compile(",
 }
-#: The example pages whose first code block is checked live. Switch on (the second wave, once the
-#: pages open lesson-first) with one line: ``LESSON_FIRST = tuple(KEY_API)``.
-LESSON_FIRST: tuple[str, ...] = ()
+#: The example pages whose first code block is checked live: every page opens lesson-first.
+LESSON_FIRST: tuple[str, ...] = tuple(KEY_API)
+#: Packages besides torch that a page's first block may import, each because the lesson is about it:
+#: the fine-tuning page exports and loads one safetensors file, the format the ecosystem loads.
+EXTRA_IMPORTS = {"plot_finetune_lora.py": ("safetensors",)}
 
 _CODE_BLOCK = re.compile(
     r'<div class="highlight-(?:Python|python|ipython3)[^"]*">.*?<pre>(.*?)</pre>', re.S)
 _IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.M)
 
 
-def first_code_block_problems(page: str, key_api: str) -> list[str]:
+def first_code_block_problems(page: str, key_api: str, extra: tuple[str, ...] = ()) -> list[str]:
     """What is wrong with an example page's first code block (after its title and verdict, which
-    are prose): it must import from ``torch`` only (what a reader copies without this package)
-    and contain the page's key API call ``key_api``. ``page`` is the built page's HTML."""
+    are prose): it must import from ``torch`` only (or a package in ``extra`` that the lesson is
+    about: what a reader copies without this package) and contain the page's key API call
+    ``key_api``. ``page`` is the built page's HTML."""
     import html as html_lib
 
     article = page.split('class="bd-article"', 1)[-1]
@@ -681,7 +684,7 @@ def first_code_block_problems(page: str, key_api: str) -> list[str]:
     code = html_lib.unescape(re.sub(r"<[^>]+>", "", block.group(1)))
     problems = [f"imports {mod} (the first code block imports torch only)"
                 for m in _IMPORT.finditer(code) for mod in [m.group(1) or m.group(2)]
-                if mod.split(".")[0] != "torch"]
+                if mod.split(".")[0] not in ("torch", *extra)]
     if key_api not in code:
         problems.append(f"does not call {key_api} (the page's key API)")
     return problems
@@ -706,19 +709,23 @@ def test_first_code_block_guard_catches_guide_imports_and_a_missing_call() -> No
         "does not call fully_shard( (the page's key API)"]
     assert first_code_block_problems("<p>prose only</p>", "fully_shard(") == [
         "no code block on the page"]
+    exported = "import safetensors.torch\n" + lesson  # a package the lesson is about
+    assert first_code_block_problems(page(exported), "fully_shard(", ("safetensors",)) == []
+    assert first_code_block_problems(page(exported), "fully_shard(") == [
+        "imports safetensors.torch (the first code block imports torch only)"]
 
 
 def test_every_example_names_its_key_api() -> None:
     assert sorted(KEY_API) == EXAMPLES
-    assert set(LESSON_FIRST) <= set(KEY_API)
+    assert set(LESSON_FIRST) <= set(KEY_API) and set(EXTRA_IMPORTS) <= set(KEY_API)
 
 
 def test_browser_first_code_block_is_the_plain_torch_lesson():
     """On every page in LESSON_FIRST: the first code block is plain torch with the key call."""
     _require("browser")
     problems = {name: first_code_block_problems(
-        (SITE / "auto_examples" / name.replace(".py", ".html")).read_text(), KEY_API[name])
-        for name in LESSON_FIRST}
+        (SITE / "auto_examples" / name.replace(".py", ".html")).read_text(), KEY_API[name],
+        EXTRA_IMPORTS.get(name, ())) for name in LESSON_FIRST}
     problems = {name: p for name, p in problems.items() if p}
     assert not problems, problems
 
