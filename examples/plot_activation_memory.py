@@ -149,7 +149,8 @@ derived = ledger.record(f"tinylm.block.sdpa.s{S}-b{B}.saved_bytes", checks.expec
 print(table([(t.name, t.tinylm, t.korthikanti) for t in terms]
             + [("total", derived, sum(t.korthikanti for t in terms))],
             [f"term (one layer, {shape})", "TinyLM bytes", "Korthikanti bytes"],
-            record=ledger, name=f"tinylm.block.sdpa.s{S}-b{B}.terms", title=f"measured {saved.nbytes:,} B = derived {derived:,} B"))
+            record=ledger, name=f"tinylm.block.sdpa.s{S}-b{B}.terms",
+            title=f"measured {saved.nbytes:,} B = derived {derived:,} B"))
 print("\nwhy they differ:")
 print("\n".join(f"- {t.name}: {t.why}" for t in terms))
 
