@@ -403,6 +403,54 @@ def test_browser_example_code_fits_a_wide_screen(tmp_path):
         for name, bad in scrolling.items())
 
 
+_OUTPUT_OVERFLOW_JS = """() => Array.from(document.querySelectorAll(
+    '.bd-article .sphx-glr-script-out pre, .bd-article .cell_output pre'))
+  .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+  .map(pre => [pre.scrollWidth - pre.clientWidth,
+               pre.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)])"""
+
+
+def output_overflows(page) -> list:
+    """Printed output blocks of the loaded page that scroll sideways: [pixels, longest line]."""
+    return page.evaluate(_OUTPUT_OVERFLOW_JS)
+
+
+def test_browser_printed_output_fits_a_wide_screen(tmp_path):
+    """On every page at 1440 x 900, no printed output scrolls sideways: tables are HTML tables
+    (report.table), conclusions wrap, and what is left wraps at the column (guide.css)."""
+    _require("browser")
+    pages = [f"auto_examples/{e.removesuffix('.py')}.html" for e in EXAMPLES] + [
+        str(p.relative_to(SITE)) for p in (SITE / "pages").glob("*.html")] + ["index.html"]
+    with serve(SITE) as base, browser(tmp_path, base) as context:
+        page = context.new_page()
+        page.set_viewport_size(WIDE)
+        scrolling = {}
+        for name in pages:
+            page.goto(base + name, wait_until="load")
+            if bad := output_overflows(page):
+                scrolling[name] = bad
+    assert not scrolling, "printed output scrolls sideways at 1440 px:\n" + "\n".join(
+        f"{name}: {len(bad)} blocks, e.g. {bad[0][0]} px too wide: {bad[0][1][:120]!r}"
+        for name, bad in scrolling.items())
+
+
+def test_browser_output_width_guard_catches_a_long_unbreakable_line(tmp_path):
+    """Fault injection: printed output wider than its column (an unbreakable run, as a page
+    without the site's CSS shows any long line) is reported; a short one is not."""
+    _require("browser")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "wide.html").write_text(
+        '<html><body><article class="bd-article" style="width:600px">'
+        '<div class="sphx-glr-script-out"><div class="highlight-none"><pre>' + "o" * 400 +
+        '</pre></div></div><div class="sphx-glr-script-out"><div class="highlight-none"><pre>'
+        'short</pre></div></div></article></body></html>')
+    with serve(tmp_path / "site") as base, browser(tmp_path, base) as context:
+        page = context.new_page()
+        page.goto(base + "wide.html", wait_until="load")
+        bad = output_overflows(page)
+    assert len(bad) == 1 and bad[0][1] == "o" * 400, bad
+
+
 def test_browser_code_width_guard_catches_a_long_line(tmp_path):
     """Fault injection: a page whose code block has a long line is reported; a short one is not."""
     _require("browser")
