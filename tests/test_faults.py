@@ -55,10 +55,13 @@ def test_unmodified_example_passes(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 # Through sphinx-build: the path the site takes.
 
-CONF = '''
-extensions = ["sphinx_gallery.gen_gallery"]
-sphinx_gallery_conf = {"examples_dirs": "../examples", "gallery_dirs": "auto_examples",
-                       "filename_pattern": "/plot_", "download_all_examples": False}
+# The site's ledger extension too: the page cites its own claims in prose (the claim role).
+CONF = f'''
+import sys
+sys.path.insert(0, {str(MAIN_EXAMPLE.parents[1] / "docs")!r})
+extensions = ["sphinx_gallery.gen_gallery", "ledger_ext"]
+sphinx_gallery_conf = {{"examples_dirs": "../examples", "gallery_dirs": "auto_examples",
+                       "filename_pattern": "/plot_", "download_all_examples": False}}
 '''
 INDEX = "Throwaway\n=========\n\n.. toctree::\n\n   auto_examples/index\n"
 

@@ -30,3 +30,26 @@ def test_rows_as_dicts_and_a_title() -> None:
 def test_mistakes_are_named(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         table(**kwargs)
+
+
+def test_show_prints_unless_sphinx_gallery_is_executing_the_page(capsys, monkeypatch) -> None:
+    """``report.show`` prints under ``python x.py`` even when sphinx_gallery was imported (a test
+    session imports it): only sphinx-gallery's own stdout tee, while it runs a page, shows the
+    cell's last value instead (a print there would show the table twice)."""
+    import io
+    import sys
+
+    import sphinx_gallery  # noqa: F401  (imported, not executing)
+
+    from guide import report
+
+    t = report.table([["a", 1]], ["x", "n"])
+    assert report.show(t) is t and "a" in capsys.readouterr().out
+
+    class Tee(io.StringIO):
+        pass
+
+    Tee.__module__ = "sphinx_gallery.gen_rst"
+    tee = Tee()
+    monkeypatch.setattr(sys, "stdout", tee)
+    assert report.show(t) is t and tee.getvalue() == ""

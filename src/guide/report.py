@@ -100,8 +100,10 @@ class Table(str):
 
 
 def _rich_display() -> bool:
-    """Whether something shows a cell's last value (a sphinx-gallery build, an IPython kernel)."""
-    if "sphinx_gallery" in sys.modules:
+    """Whether something shows a cell's last value: sphinx-gallery executing an example (its
+    stdout is then sphinx-gallery's tee; merely importing sphinx_gallery, as a test run may, does
+    not count) or an IPython kernel."""
+    if type(sys.stdout).__module__.startswith("sphinx_gallery"):
         return True
     ipython = sys.modules.get("IPython")
     return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
