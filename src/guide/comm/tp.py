@@ -46,7 +46,11 @@ __all__ = ["KORTHIKANTI_TP_SBH", "MeshLog", "TPEstimate", "tp_fsdp2_step", "tp_f
 KORTHIKANTI_TP_SBH = (10, 24)
 
 # name -> (kind, "c10d" | "funcol"): the entry points a TP + FSDP2 step calls (torch 2.13)
-_C10D = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
+#: torch 2.9 has no ``*_single``: its FSDP2 calls ``all_gather_into_tensor`` and
+#: ``reduce_scatter_tensor`` (same argument names). A name this torch lacks is skipped; an alias that
+#: forwards to another wrapped name is counted once (the outermost call).
+_C10D = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
+         "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
          "all_reduce": "all_reduce"}
 _FUNCOL = {"all_reduce": "all_reduce", "all_gather_single": "all_gather",
            "reduce_scatter_single": "reduce_scatter", "all_gather_tensor": "all_gather",
@@ -98,7 +102,9 @@ class MeshLog:
         MeshLog._active = self
         for module, table, api in ((dist, _C10D, "c10d"), (funcol, _FUNCOL, "funcol")):
             for name, kind in table.items():
-                original = getattr(module, name)
+                original = getattr(module, name, None)
+                if original is None:  # not in this torch (see _C10D)
+                    continue
                 self._originals.append((module, name, original))
                 setattr(module, name, self._wrap(original, kind, api))
         return self
