@@ -374,17 +374,20 @@ def test_browser_landing_and_example_fit_a_phone_and_screenshots(tmp_path):
 
 
 WIDE = {"width": 1440, "height": 900}
-_CODE_OVERFLOW_JS = """() => Array.from(document.querySelectorAll(
-    '.bd-article div[class*="highlight-"]:not(.sphx-glr-script-out) pre'))
-  .filter(pre => !pre.closest('.sphx-glr-script-out, .cell_output'))
+#: The ``<pre>`` blocks matching ``select`` (less those inside ``skip``) that scroll sideways:
+#: ``[pixels too wide, longest line]`` each.
+_OVERFLOW_JS = """([select, skip]) => Array.from(document.querySelectorAll(select))
+  .filter(pre => !skip || !pre.closest(skip))
   .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
   .map(pre => [pre.scrollWidth - pre.clientWidth,
                pre.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)])"""
+_PRINTED = ".sphx-glr-script-out, .cell_output"
 
 
 def code_overflows(page) -> list:
     """Code blocks (not printed output) of the loaded page that scroll sideways: [pixels, longest line]."""
-    return page.evaluate(_CODE_OVERFLOW_JS)
+    return page.evaluate(_OVERFLOW_JS, [
+        '.bd-article div[class*="highlight-"]:not(.sphx-glr-script-out) pre', _PRINTED])
 
 
 def test_browser_example_code_fits_a_wide_screen(tmp_path):
@@ -403,16 +406,10 @@ def test_browser_example_code_fits_a_wide_screen(tmp_path):
         for name, bad in scrolling.items())
 
 
-_OUTPUT_OVERFLOW_JS = """() => Array.from(document.querySelectorAll(
-    '.bd-article .sphx-glr-script-out pre, .bd-article .cell_output pre'))
-  .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
-  .map(pre => [pre.scrollWidth - pre.clientWidth,
-               pre.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b)])"""
-
-
 def output_overflows(page) -> list:
     """Printed output blocks of the loaded page that scroll sideways: [pixels, longest line]."""
-    return page.evaluate(_OUTPUT_OVERFLOW_JS)
+    return page.evaluate(_OVERFLOW_JS, [
+        ".bd-article .sphx-glr-script-out pre, .bd-article .cell_output pre", None])
 
 
 def test_browser_printed_output_fits_a_wide_screen(tmp_path):
