@@ -2,7 +2,7 @@
 ``tests`` runs pytest; ``modes`` runs every example at every world size it declares, with torchrun
 and python; ``browser`` and ``downloads`` check the built site; ``compat`` runs the tests
 and the examples on the lowest and the newest torch the project claims; ``mutation`` checks that the
-checks bite; ``soak`` runs every example page N times beside CPU hogs (flakes that need a busy
+checks bite; ``soak`` runs every executed page N times beside CPU hogs (flakes that need a busy
 machine).
 
 Every session runs on the interpreter that runs nox (any supported Python, see
@@ -181,8 +181,8 @@ def mutation(session: nox.Session) -> None:
 
 @nox.session
 def soak(session: nox.Session) -> None:
-    """Every example page N times (default 5) beside CPU-bound hogs (default 4), then a table of
-    passes per page and the load average (benchmarks/soak.py; posargs go to it, e.g.
-    ``-- --runs 20 plot_checkpoint``). Long: about N docs builds; not part of CI."""
+    """Every executed page (examples and MyST-NB pages) N times (default 5) beside CPU-bound hogs
+    (default 4), then a table of passes per page and the load average (benchmarks/soak.py;
+    posargs go to it, e.g. ``-- --runs 20 plot_checkpoint``). Long: about N docs builds; not part of CI."""
     _install(session, "docs,test")
     session.run("python", "benchmarks/soak.py", *session.posargs, env=ENV)
