@@ -62,12 +62,10 @@ def wrap(model: torch.nn.Module, strategy: str, device_type: str = "cpu") -> tor
 # Fresh ranks per point, because an FSDP2 model is not freed by ``del model; gc.collect()`` in
 # torch 2.13 (its parameter groups stay reachable), and a second model in the same process reuses
 # what the first one freed: both distort the second measurement.
-import dataclasses
 # Under torchrun there are no fresh ranks: a run's points share torchrun's processes, and a
 # discarded first point takes the one-time costs (``run_points`` below), and each point first
-# hands the heap's free pages back to the kernel (``release_freed_heap``).
-import ctypes
-import gc
+# hands the heap's free pages back to the kernel (:func:`guide.memory.release_freed_heap`).
+import dataclasses
 import math
 
 import matplotlib.pyplot as plt
@@ -76,7 +74,7 @@ import numpy as np
 import guide
 from guide import checks, claims, memory
 from guide.data import rank_slice, synthetic_batches
-from guide.memory import PeakMemory, current_bytes, prepare
+from guide.memory import PeakMemory, current_bytes, prepare, release_freed_heap
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
 from guide.report import table
@@ -114,14 +112,6 @@ class DepthResult:
     backward: int
     step: int
     held: int
-
-
-def release_freed_heap() -> None:
-    """Hand the heap's free pages back to the kernel (glibc's ``malloc_trim``), so that what an
-    earlier point in this process freed is not reused unseen by the next (under torchrun; a fresh
-    rank has freed next to nothing)."""
-    gc.collect()
-    ctypes.CDLL(None).malloc_trim(0)
 
 
 def depth_worker(rank: guide.Rank, strategy: Strategy, n_layers: int) -> DepthResult:

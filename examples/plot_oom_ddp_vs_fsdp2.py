@@ -64,8 +64,6 @@ def wrap(model: torch.nn.Module, strategy: str, device_type: str = "cpu") -> tor
 # sits between the two strategies' needs: DDP holds 4 P between steps (parameters, gradients,
 # momentum, and DDP's buckets); FSDP2 holds 3 P / N plus one gathered block.
 import dataclasses
-import ctypes
-import gc
 import math
 import re
 import resource
@@ -76,7 +74,8 @@ from matplotlib.patches import Patch
 import guide
 from guide import checks, claims, memory
 from guide.data import synthetic_batches
-from guide.memory import PeakMemory, current_bytes, data_segment_bytes, prepare
+from guide.memory import (PeakMemory, current_bytes, data_segment_bytes, prepare,
+                          release_freed_heap)
 from guide.model import ModelConfig, build_model
 from guide.plotting import legend_below, style
 from guide.report import conclusion, show, table
@@ -162,8 +161,7 @@ _OOM = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory")
 def torchrun_worker(rank: guide.Rank, strategy: Strategy, headroom_bytes: int | None = None
                     ) -> OOMResult | dict:
     prepare()
-    gc.collect()
-    ctypes.CDLL(None).malloc_trim(0)
+    release_freed_heap()
     if headroom_bytes is None:
         return train_worker(rank, strategy)
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)

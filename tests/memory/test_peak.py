@@ -138,3 +138,36 @@ def test_memory_limit_prepares_the_rank():
 
     assert guide.launch(worker, 2, memory_limit_mib=4096) == [True, True]
     assert guide.launch(worker, 2) == [False, False]
+
+
+_FREED_HEAP = """
+import gc, sys
+from guide.memory import current_bytes, prepare, release_freed_heap
+prepare()  # as the pages' workers do: blocks below 64 KiB still come from the heap
+base = current_bytes()
+blocks = [bytes(bytearray(4000)) for _ in range(25_000)]  # about 95 MiB of heap blocks
+top = bytes(bytearray(4000))  # allocated above them: glibc cannot trim the heap's top
+del blocks
+gc.collect()
+freed = current_bytes() - base
+if sys.argv[1] == "release":
+    release_freed_heap()
+print(freed, current_bytes() - base)
+"""
+
+
+@pytest.mark.parametrize("release", [True, False], ids=["released", "control"])
+def test_release_freed_heap_gives_freed_heap_pages_back(release):
+    """A freed heap block stays resident under a live one (the control); release_freed_heap hands
+    it back, so the next point a torchrun rank measures starts from what is live."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FREED_HEAP, "release" if release else "keep"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    freed_mib, now_mib = (int(v) / 2**20 for v in out)
+    assert freed_mib > 80  # freed, yet resident: the heap kept the pages
+    if release:
+        assert now_mib < 10
+    else:
+        assert now_mib > 80

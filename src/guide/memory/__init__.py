@@ -25,6 +25,7 @@ from guide.memory.peak import (
     data_segment_bytes,
     is_prepared,
     prepare,
+    release_freed_heap,
 )
 from guide.memory.predicted import (
     GPU_MEMORY_CONSTANTS,
@@ -46,6 +47,6 @@ __all__ = [
     "PRESETS", "RESOLUTION_BYTES", "WORLD_SIZES",
     "Architecture", "PeakMemory", "Precision", "StateBytes", "activation_bytes", "current_bytes",
     "data_segment_bytes", "is_prepared", "measure", "min_world_size", "param_shapes",
-    "per_rank_state_bytes", "prepare", "reducer_bucket_bytes", "state_bytes_by_rank",
-    "state_bytes_for_count", "storage_bytes", "unsharded_param_bytes", "zero1_partition",
+    "per_rank_state_bytes", "prepare", "reducer_bucket_bytes", "release_freed_heap",
+    "state_bytes_by_rank", "state_bytes_for_count", "storage_bytes", "unsharded_param_bytes", "zero1_partition",
 ]

@@ -94,6 +94,23 @@ def prepare(mmap_threshold: int = MMAP_THRESHOLD) -> None:
     _prepared_pid = os.getpid()
 
 
+def release_freed_heap() -> None:
+    """Hand the heap's free pages back to the kernel: ``gc.collect()``, then glibc's
+    ``malloc_trim(0)``.
+
+    Blocks below the mmap threshold come from the heap, and glibc keeps a freed block's pages
+    resident while anything above them is still allocated; the next allocation reuses them unseen.
+    A process that measures a second model after a first (torchrun's ranks run every point of a
+    page in one process) calls this between the two, so that the second measure starts from what
+    is live. Raises :class:`RuntimeError` where glibc is missing, as :func:`prepare` does.
+    """
+    gc.collect()
+    libc = _libc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        raise RuntimeError("malloc_trim is glibc's: releasing the freed heap needs Linux with glibc.")
+    libc.malloc_trim(0)
+
+
 def is_prepared() -> bool:
     """True if this process's mmap threshold was lowered by :func:`prepare` (which
     :func:`guide.launch` with ``memory_limit_mib`` calls in every rank)."""
