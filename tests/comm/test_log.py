@@ -198,8 +198,10 @@ def test_list_form_all_gather_counts_the_gathered_elements():
     (lambda: comm.count_ddp_allreduce(torch.nn.Linear(2, 2)),
      r"count_ddp_allreduce needs a DistributedDataParallel model, got Linear; FSDP2 and ZeRO-1 "
      r"collectives need no hook"),
-    (lambda: CollectiveLog().phase("").__enter__(), r"phase label must be a non-empty string, got ''"),
-    (lambda: CollectiveLog().phase(3).__enter__(), r"phase label must be a non-empty string, got 3"),
+    (lambda: CollectiveLog().phase("").__enter__(),
+     r"phase label must be a non-empty string, got ''"),
+    (lambda: CollectiveLog().phase(3).__enter__(),
+     r"phase label must be a non-empty string, got 3"),
 ])
 def test_bad_input_names_the_fix(call, message):
     with pytest.raises(ValueError, match=message):
