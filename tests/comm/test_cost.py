@@ -197,22 +197,32 @@ def test_hierarchical_bus_bandwidth_is_the_slower_stage():
 def test_latency_is_nccls_tuning_model():
     """NCCL's tuning.cc (Simple protocol): ring: base + one step per ring hop, the hops between
     nodes at the network's latency; tree: base + 2 ((ppn - 1) NVLink steps + log2(nodes) network
-    steps). 8.4 us base, 3.4 us per NVLink step, 14 us per network step."""
+    steps). 8.4 us base, 3.4 us per NVLink step, 14 us per network step. The message (4 MB) is
+    sized so that latency and bandwidth terms are comparable: both must be right."""
     base, nvlink, network = 8.4e-6, 3.4e-6, 14e-6
-    tiny = 32  # bytes: latency is nearly all of it, the bandwidth term is added exactly
+    size = 4 * 10**6
     # ring all-reduce over 4 nodes: 2 x 31 steps, 2 x 3 of them between nodes
-    ar = Collective("all_reduce", "float32", 8, tiny, None, 32)
+    ar = Collective("all_reduce", "float32", size // 4, size, None, 32)
     assert comm.collective_seconds(ar, H100_NODE) == pytest.approx(
-        base + 56 * nvlink + 6 * network + 2 * 31 / 32 * tiny / 400e9)
-    # the tree on 2 and 4 nodes: log2(nodes) network steps each way
+        base + 56 * nvlink + 6 * network + 2 * 31 / 32 * size / 400e9, rel=1e-9)
+    # HSDP's replicate group: 4 ranks 16 apart, one per node: every step crosses nodes, and the
+    # node's 8 groups share its 8 NICs
+    ar = Collective("all_reduce", "float32", size // 4, size, None, 4)
+    assert comm.collective_seconds(ar, H100_NODE, stride=16) == pytest.approx(
+        base + 6 * network + 2 * 3 / 4 * size / 50e9, rel=1e-9)
+    # the tree on 2 and 4 nodes: log2(nodes) network steps each way, at the tree's bus bandwidth
     for nodes in (2, 4):
-        ar = Collective("all_reduce", "float32", 8, tiny, None, 8 * nodes)
-        busbw = comm.bus_bandwidth(H100_NODE, 8 * nodes, algorithm="hierarchical")
+        n = 8 * nodes
+        ar = Collective("all_reduce", "float32", size // 4, size, None, n)
+        busbw = comm.bus_bandwidth(H100_NODE, n, algorithm="hierarchical")
+        assert busbw > 480e9  # not the ring's 400 GB/s
         assert comm.collective_seconds(ar, H100_NODE, algorithm="hierarchical") == pytest.approx(
-            base + 2 * (7 * nvlink + math.log2(nodes) * network) + comm.ring_bytes(ar) / busbw)
+            base + 2 * (7 * nvlink + math.log2(nodes) * network) + 2 * (n - 1) / n * size / busbw,
+            rel=1e-9)
     # two ranks of one node: one NVLink step, not free
-    ag = Collective("all_gather", "float32", 8, tiny, None, 2)
-    assert comm.collective_seconds(ag, H100_NODE) == pytest.approx(base + nvlink + tiny / 2 / 450e9)
+    ag = Collective("all_gather", "float32", size // 4, size, None, 2)
+    assert comm.collective_seconds(ag, H100_NODE) == pytest.approx(
+        base + nvlink + size / 2 / 450e9, rel=1e-9)
 
 
 def test_step_seconds_adds_each_collective_at_its_own_price():
