@@ -196,6 +196,8 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     # guide.comm.log
     ("guide.comm.log.x\u01c1CollectiveLog\u01c1__init__", 'self._wchar0: int | None = ""',
      "__enter__ sets _wchar0 before anything reads it"),
+    ("guide.comm.log.x_count_ddp_allreduce", 'if getattr(ddp_model, "_guide_comm_counter", None):',
+     "None and False are both false: an unhooked model is hooked either way"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")
