@@ -196,6 +196,9 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     # guide.comm.log
     ("guide.comm.log.x\u01c1CollectiveLog\u01c1__init__", 'self._wchar0: int | None = ""',
      "__enter__ sets _wchar0 before anything reads it"),
+    ("guide.comm.log.x\u01c1CollectiveLog\u01c1__exit__",
+     "if self._wchar0 is not None or wchar1 is not None:",
+     "wire_bytes_written() is None at both ends or at neither: /proc/self/io exists or not"),
     ("guide.comm.log.x_count_ddp_allreduce", 'if getattr(ddp_model, "_guide_comm_counter", None):',
      "None and False are both false: an unhooked model is hooked either way"),
 )

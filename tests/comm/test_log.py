@@ -370,11 +370,16 @@ def test_ddp_hook_is_registered_once_and_counts_every_bucket(world_of_one):
     assert all(torch.equal(p.grad, g) for p, g in zip(hooked.parameters(), want))
 
 
-def test_wire_bytes_count_what_this_process_writes(tmp_path):
+def test_wire_bytes_count_what_this_process_writes(world_of_one, tmp_path):
+    """The counter sees every write of this process (a file here, a socket in a collective), and
+    the log's wire_bytes is what was written while it was open."""
     before = comm.wire_bytes_written()
     (tmp_path / "blob").write_bytes(b"x" * 2**20)
     after = comm.wire_bytes_written()
     assert 2**20 <= after - before < 2**20 + 2**16
+    with CollectiveLog() as log:
+        (tmp_path / "blob").write_bytes(b"x" * 2**20)
+    assert 2**20 <= log.wire_bytes < 2**20 + 2**16
 
 
 def test_without_proc_self_io_the_log_works_and_wire_bytes_is_none(world_of_one, monkeypatch):
@@ -409,6 +414,7 @@ dist.all_gather([torch.zeros(5), torch.zeros(5)], torch.ones(5))
 (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(
     torch.zeros(3), torch.ones(6))
 dist.reduce_scatter(torch.zeros(3), [torch.ones(3), torch.ones(3)])
+dist.all_to_all_single(torch.zeros(3), torch.ones(6), [1, 2], [4, 2])
 dist.destroy_process_group()
 """
 
@@ -432,8 +438,12 @@ def test_two_ranks_record_the_full_buffer_and_the_group_size(tmp_path):
             getattr(dist, flat_collective_name("all_gather"))(gathered, torch.zeros(5))
             getattr(dist, flat_collective_name("reduce_scatter"))(torch.zeros(3), torch.ones(6))
             dist.reduce_scatter(torch.zeros(3), [torch.ones(3), torch.ones(3)])
+            # uneven: rank 0 sends 1 + 1 and receives 1 + 4; what it sends is its traffic
+            received = torch.zeros(5)
+            dist.all_to_all_single(received, torch.zeros(2), [1, 4], [1, 1])
             dist.all_reduce(torch.zeros(4), group=alone)
         assert out[1].sum() == 5 and gathered.sum() == 5  # rank 1's ones arrived
+        assert received.tolist() == [0, 1, 1, 1, 1]
         ddp = DDP(nn.Linear(3, 2), process_group=alone)
         with CollectiveLog(ddp) as ddp_log:
             ddp(torch.ones(4, 3)).sum().backward()
@@ -451,6 +461,7 @@ def test_two_ranks_record_the_full_buffer_and_the_group_size(tmp_path):
         Collective("all_gather", "float32", 10, 40, None, 2),
         Collective("reduce_scatter", "float32", 6, 24, None, 2),
         Collective("reduce_scatter", "float32", 6, 24, None, 2),
+        Collective("all_to_all", "float32", 2, 8, None, 2),
         Collective("all_reduce", "float32", 4, 16, None, 1),
     ]
     assert ddp_log.records == [Collective("all_reduce", "float32", 8, 32, "backward", 1)]
