@@ -182,6 +182,25 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("docs.ledger_ext.x__configure",
      '*(Path(d if (os.path.isabs(d)) and False else srcdir / d) / f"{page}.py"',
      "srcdir / d is d when d is absolute"),
+    # guide.comm.cost
+    ("guide.comm.cost.x_ranks_per_node", "if stride > g:",
+     "stride == gpus_per_node falls through to min(group_size, 1) == 1, and nothing to raise"),
+    ("guide.comm.cost.x_bus_bandwidth", "q = group_size / r",
+     "ranks_per_node returns a divisor of group_size: / and // give the same number"),
+    ("guide.comm.cost.x__latency_s", "n, q = c.group_size, c.group_size / r",
+     "ranks_per_node returns a divisor of group_size: / and // give the same number"),
+    ("guide.comm.cost.x__dgx",
+     'return Topology(f"{gpus} × {gpu} SXM, {nics} × {rate * 8 / 1000000001.0:.0f} Gb/s '
+     'NICs", gpus,',
+     "1e9 + 1 moves 400 and 200 Gb/s by 4e-7, far below the name's whole Gb/s"),
+    # guide.comm.log
+    ("guide.comm.log.x\u01c1CollectiveLog\u01c1__init__", 'self._wchar0: int | None = ""',
+     "__enter__ sets _wchar0 before anything reads it"),
+    ("guide.comm.log.x\u01c1CollectiveLog\u01c1__exit__",
+     "if self._wchar0 is not None or wchar1 is not None:",
+     "wire_bytes_written() is None at both ends or at neither: /proc/self/io exists or not"),
+    ("guide.comm.log.x_count_ddp_allreduce", 'if getattr(ddp_model, "_guide_comm_counter", None):',
+     "None and False are both false: an unhooked model is hooked either way"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -6,11 +6,16 @@ The launched tests run 2 gloo ranks (a few seconds each); the rest run in a gloo
 
 from __future__ import annotations
 
+import datetime
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -181,3 +186,282 @@ def test_list_form_all_gather_counts_the_gathered_elements():
     """``dist.all_gather(list, t)`` moves world_size × t.numel() elements, like the tensor form."""
     records = guide.launch(_list_all_gather, 2)[0]
     assert records == [Collective("all_gather", "float32", 10, 40, None, 2)]
+
+
+# -- every entry point, phases and the DDP hook, in one process ------------------------------------
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: CollectiveLog("model"),
+     r"CollectiveLog\(model\) takes the nn.Module being trained \(or None\), got str"),
+    (lambda: CollectiveLog().count("allreduce"),
+     r"unknown collective kind 'allreduce'; choose one of \("),
+    (lambda: comm.count_ddp_allreduce(torch.nn.Linear(2, 2)),
+     r"count_ddp_allreduce needs a DistributedDataParallel model, got Linear; FSDP2 and ZeRO-1 "
+     r"collectives need no hook"),
+    (lambda: CollectiveLog().phase("").__enter__(),
+     r"phase label must be a non-empty string, got ''"),
+    (lambda: CollectiveLog().phase(3).__enter__(),
+     r"phase label must be a non-empty string, got 3"),
+])
+def test_bad_input_names_the_fix(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_a_second_log_says_to_close_the_first(world_of_one):
+    with CollectiveLog():
+        with pytest.raises(ValueError, match=r"^a CollectiveLog is already active in this process; "
+                           r"close it first \(logs do not nest\)\.$"):
+            CollectiveLog().__enter__()
+
+
+# (function, its arguments in a world of one, the kind and full-buffer numel it records)
+_CALLS = [
+    ("all_gather_single", lambda: (torch.zeros(6), torch.ones(6)), "all_gather", 6),
+    ("all_gather_into_tensor", lambda: (torch.zeros(6), torch.ones(6)), "all_gather", 6),
+    ("_all_gather_base", lambda: (torch.zeros(6), torch.ones(6)), "all_gather", 6),
+    ("all_gather", lambda: ([torch.zeros(6)], torch.ones(6)), "all_gather", 6),
+    ("reduce_scatter_single", lambda: (torch.zeros(6), torch.ones(6)), "reduce_scatter", 6),
+    ("reduce_scatter_tensor", lambda: (torch.zeros(6), torch.ones(6)), "reduce_scatter", 6),
+    ("_reduce_scatter_base", lambda: (torch.zeros(6), torch.ones(6)), "reduce_scatter", 6),
+    ("reduce_scatter", lambda: (torch.zeros(6), [torch.ones(6)]), "reduce_scatter", 6),
+    ("all_reduce", lambda: (torch.ones(6),), "all_reduce", 6),
+    ("broadcast", lambda: (torch.ones(6), 0), "broadcast", 6),
+    ("all_to_all_single", lambda: (torch.zeros(6), torch.ones(6)), "all_to_all", 6),
+    ("reduce", lambda: (torch.ones(6), 0), "reduce", 6),
+]
+
+
+@pytest.mark.filterwarnings("ignore:.*deprecated:FutureWarning")  # the aliases say so
+@pytest.mark.parametrize("name, args, kind, numel", _CALLS, ids=[c[0] for c in _CALLS])
+def test_every_entry_point_is_recorded_once_by_kind(world_of_one, name, args, kind, numel):
+    """Each ``torch.distributed`` function a training library calls (the deprecated aliases too)
+    is one record of its kind, with the full buffer, and still does its job."""
+    if not hasattr(dist, name):
+        pytest.fail(f"torch {torch.__version__} has no dist.{name}: update _WRAPPED and this list")
+    with CollectiveLog() as log:
+        getattr(dist, name)(*args())
+    assert log.records == [Collective(kind, "float32", numel, 4 * numel, None, 1)]
+
+
+@pytest.mark.filterwarnings("ignore:.*deprecated:FutureWarning")
+def test_a_name_this_torch_lacks_is_skipped(world_of_one, monkeypatch):
+    """torch 2.9 has no ``all_gather_single``: the log opens, counts the name it has, and does not
+    add the missing one."""
+    monkeypatch.delattr(dist, "all_gather_single")
+    with CollectiveLog() as log:
+        dist.all_gather_into_tensor(torch.zeros(4), torch.ones(4))
+    assert log.count("all_gather") == 1
+    assert not hasattr(dist, "all_gather_single")
+
+
+def test_without_a_process_group_the_call_fails_as_torch_says_and_is_not_counted():
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError) as outside:
+        dist.all_reduce(torch.zeros(2))
+    with CollectiveLog() as log:
+        with pytest.raises(ValueError) as inside:
+            dist.all_reduce(torch.zeros(2))
+    assert str(inside.value) == str(outside.value)
+    assert "init_process_group" in str(inside.value)
+    assert log.records == []
+
+
+class _CountingSGD(torch.optim.SGD):
+    """An optimizer whose step all-reduces (as ZeRO-1's broadcasts its shard)."""
+
+    def step(self, closure=None):
+        dist.all_reduce(torch.zeros(11))
+        return super().step(closure)
+
+
+class _Wrapping(torch.optim.Optimizer):
+    """An optimizer that steps an inner one and then communicates (ZeroRedundancyOptimizer's shape):
+    its collective comes after the inner step has ended, still inside its own step."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:
+        self.inner = inner
+        super().__init__(inner.param_groups, {})
+
+    def step(self, closure=None):
+        self.inner.step()
+        dist.broadcast(torch.zeros(12), src=0)
+
+
+class _Twice(nn.Module):
+    """A module that calls itself once (a weight-shared block): a nested forward of the logged
+    module; its collective after the inner call is still in the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x, again=True):
+        if again:
+            x = self(x, again=False)
+        dist.all_reduce(torch.zeros(13))
+        return self.lin(x)
+
+
+def _phases(log: CollectiveLog) -> list[tuple[int, str | None]]:
+    return [(c.numel, c.phase) for c in log.records]
+
+
+def test_phases_follow_the_step(world_of_one):
+    """forward / backward / optimizer are labelled automatically, nested calls included; after each
+    ends nothing is; a phase label overrides them and nests; count, elements and bytes select by
+    kind and phase together."""
+    model = _Twice()
+    # a hook registered before the log: its collective is part of the forward all the same
+    model.register_forward_pre_hook(lambda m, args: dist.broadcast(torch.zeros(1), src=0))
+    opt = _Wrapping(_CountingSGD(model.parameters(), lr=0.1))
+    with CollectiveLog(model) as log:
+        out = model(torch.ones(1, 2))
+        out.register_hook(lambda g: dist.all_reduce(torch.zeros(2)))
+        dist.all_reduce(torch.zeros(3))
+        out.sum().backward()
+        dist.all_reduce(torch.zeros(4))
+        opt.step()
+        dist.all_reduce(torch.zeros(5))
+        with log.phase("outer"):
+            with log.phase("inner"):
+                dist.all_reduce(torch.zeros(6))
+            model(torch.ones(1, 2))
+        dist.all_reduce(torch.zeros(7))
+    assert _phases(log) == [
+        (1, "forward"), (1, "forward"), (13, "forward"), (13, "forward"), (3, None),
+        (2, "backward"), (4, None), (11, "optimizer"), (12, "optimizer"), (5, None), (6, "inner"),
+        (1, "outer"), (1, "outer"), (13, "outer"), (13, "outer"), (7, None)]
+    assert (log.count("all_reduce", "forward"), log.count(phase="outer"),
+            log.count("broadcast", "outer")) == (2, 4, 2)
+    assert (log.elements("all_reduce", "outer"), log.bytes("broadcast", "optimizer")) == (26, 48)
+    assert log.elements(phase="forward") == 28 and log.bytes(phase="backward") == 8
+
+
+def test_a_forward_that_raises_ends_the_forward_phase(world_of_one):
+    model = nn.Linear(2, 2)
+    with CollectiveLog(model) as log:
+        with pytest.raises(RuntimeError):
+            model(torch.ones(1, 3))  # wrong width
+        dist.all_reduce(torch.zeros(1))
+    assert _phases(log) == [(1, None)]
+
+
+def test_ddp_hook_is_registered_once_and_counts_every_bucket(world_of_one):
+    """Without the hook DDP's reducer all-reduces out of sight; with it (registered by hand, again
+    by hand, and again by the log: DDP allows one hook) each bucket is one backward all-reduce of
+    every gradient, over DDP's group, and the gradients are DDP's own."""
+    torch.manual_seed(0)
+    plain = DDP(nn.Linear(3, 2))
+    with CollectiveLog(plain) as log:  # a log given a DDP model registers the hook itself
+        plain(torch.ones(4, 3)).sum().backward()
+    assert _phases(log) == [(8, "backward")]
+    hooked = DDP(nn.Linear(3, 2))
+    with CollectiveLog() as log:  # no model given: the C++ reducer is invisible
+        hooked(torch.ones(4, 3)).sum().backward()
+    assert log.records == []
+    want = [p.grad.clone() for p in hooked.parameters()]
+    hooked.zero_grad()
+    comm.count_ddp_allreduce(hooked)
+    comm.count_ddp_allreduce(hooked)
+    with CollectiveLog(hooked) as log:
+        hooked(torch.ones(4, 3)).sum().backward()
+    assert log.records == [Collective("all_reduce", "float32", 8, 32, "backward", 1)]
+    assert all(torch.equal(p.grad, g) for p, g in zip(hooked.parameters(), want))
+
+
+def test_wire_bytes_count_what_this_process_writes(world_of_one, tmp_path):
+    """The counter sees every write of this process (a file here, a socket in a collective), and
+    the log's wire_bytes is what was written while it was open."""
+    before = comm.wire_bytes_written()
+    (tmp_path / "blob").write_bytes(b"x" * 2**20)
+    after = comm.wire_bytes_written()
+    assert 2**20 <= after - before < 2**20 + 2**16
+    with CollectiveLog() as log:
+        (tmp_path / "blob").write_bytes(b"x" * 2**20)
+    assert 2**20 <= log.wire_bytes < 2**20 + 2**16
+
+
+def test_without_proc_self_io_the_log_works_and_wire_bytes_is_none(world_of_one, monkeypatch):
+    """Not Linux: no ``/proc/self/io``. The records are still kept; the byte count is unknown."""
+    read_text = Path.read_text
+
+    def no_proc(self, *args, **kwargs):
+        if str(self) == "/proc/self/io":
+            raise FileNotFoundError(self)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", no_proc)
+    assert comm.wire_bytes_written() is None
+    with CollectiveLog() as log:
+        dist.all_reduce(torch.zeros(2))
+    assert log.count() == 1
+    assert log.wire_bytes is None
+
+
+# -- two ranks, the log in this process: rank 1 is a plain torch process beside it -----------------
+
+#: What rank 1 runs: the same collectives as rank 0's, in the same order (torch only, no log).
+_PEER = """
+import datetime, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=1, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+dist.new_group([0])
+dist.all_gather([torch.zeros(5), torch.zeros(5)], torch.ones(5))
+(getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(
+    torch.zeros(10), torch.ones(5))
+(getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(
+    torch.zeros(3), torch.ones(6))
+dist.reduce_scatter(torch.zeros(3), [torch.ones(3), torch.ones(3)])
+dist.all_to_all_single(torch.zeros(3), torch.ones(6), [1, 2], [4, 2])
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_record_the_full_buffer_and_the_group_size(tmp_path):
+    """With two ranks the full buffer differs from this rank's part: a list all-gather of 5 elements
+    per rank moves 10, a flat one's output is 10, a flat reduce-scatter's input is 6 and a list
+    one's inputs add up to 6; a collective over a group of one inside the world of two records 1,
+    and so does DDP over that group (HSDP's shape: DDP over a subgroup), whose hook must reduce over
+    DDP's group, not the world."""
+    init = f"file://{tmp_path / 'store'}"
+    peer = subprocess.Popen([sys.executable, "-c", _PEER, init])
+    try:
+        dist.init_process_group("gloo", init_method=init, rank=0, world_size=2,
+                                timeout=datetime.timedelta(seconds=30))
+        alone = dist.new_group([0])
+        with CollectiveLog() as log:
+            out = [torch.zeros(5), torch.zeros(5)]
+            dist.all_gather(out, torch.zeros(5))
+            gathered = torch.zeros(10)
+            getattr(dist, flat_collective_name("all_gather"))(gathered, torch.zeros(5))
+            getattr(dist, flat_collective_name("reduce_scatter"))(torch.zeros(3), torch.ones(6))
+            dist.reduce_scatter(torch.zeros(3), [torch.ones(3), torch.ones(3)])
+            # uneven: rank 0 sends 1 + 1 and receives 1 + 4; what it sends is its traffic
+            received = torch.zeros(5)
+            dist.all_to_all_single(received, torch.zeros(2), [1, 4], [1, 1])
+            dist.all_reduce(torch.zeros(4), group=alone)
+        assert out[1].sum() == 5 and gathered.sum() == 5  # rank 1's ones arrived
+        assert received.tolist() == [0, 1, 1, 1, 1]
+        ddp = DDP(nn.Linear(3, 2), process_group=alone)
+        with CollectiveLog(ddp) as ddp_log:
+            ddp(torch.ones(4, 3)).sum().backward()
+        assert torch.equal(ddp.module.bias.grad, torch.full((2,), 4.0))  # divided by 1, not 2
+    except BaseException:
+        peer.kill()
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        peer.wait(timeout=60)
+    assert peer.returncode == 0
+    assert log.records == [
+        Collective("all_gather", "float32", 10, 40, None, 2),
+        Collective("all_gather", "float32", 10, 40, None, 2),
+        Collective("reduce_scatter", "float32", 6, 24, None, 2),
+        Collective("reduce_scatter", "float32", 6, 24, None, 2),
+        Collective("all_to_all", "float32", 2, 8, None, 2),
+        Collective("all_reduce", "float32", 4, 16, None, 1),
+    ]
+    assert ddp_log.records == [Collective("all_reduce", "float32", 8, 32, "backward", 1)]

@@ -199,7 +199,7 @@ def step_seconds(step: Iterable[Collective], topology: Topology, all_reduce_stri
     size; DDP: 1), priced at the faster of ring and hierarchical, as NCCL's tuner picks."""
     total = 0.0
     for c in step:
-        if c.kind == "all_reduce" and c.group_size > 1:
+        if c.kind == "all_reduce":  # a group of one costs 0.0 either way
             total += min(collective_seconds(c, topology, all_reduce_stride, algorithm)
                          for algorithm in ("ring", "hierarchical"))
         else:

@@ -74,25 +74,24 @@ _WRAPPED: dict[str, str] = {
 
 
 def _numel_and_dtype(name: str, bound: Mapping[str, Any]) -> tuple[int, torch.dtype, int]:
-    """(full-buffer numel, dtype, group size) of one call, from its arguments."""
-    group = bound.get("group")
-    n = dist.get_world_size(group) if dist.is_initialized() else 1
-    if name in ("all_gather_single", "all_gather_into_tensor", "_all_gather_base"):
-        t = bound["output_tensor"]
-    elif name == "all_gather":
+    """(full-buffer numel, dtype, group size) of one call, from its arguments.
+
+    The full buffer is what the collective spans: the list forms' tensors together, ``all_to_all``'s
+    input, and otherwise the call's largest tensor (a flat all-gather's output, a flat
+    reduce-scatter's input, whatever the argument is called in this release; the one tensor of an
+    all-reduce, broadcast or reduce). Without a process group this raises torch's own error, as the
+    collective itself would, and nothing is recorded."""
+    n = dist.get_world_size(bound.get("group"))
+    if name == "all_gather":  # the list form: one copy of ``tensor`` from every rank
         t = bound["tensor"]
         return t.numel() * n, t.dtype, n
-    elif name in ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base"):
-        t = bound.get("input", bound.get("input_tensor"))
-        if t is None:  # positional names differ between releases: take the larger tensor
-            t = max((v for v in bound.values() if isinstance(v, torch.Tensor)), key=torch.Tensor.numel)
-    elif name == "reduce_scatter":
+    if name == "reduce_scatter":  # the list form: one input per rank
         parts = bound["input_list"]
         return sum(p.numel() for p in parts), parts[0].dtype, n
-    elif name == "all_to_all_single":
+    if name == "all_to_all_single":  # uneven splits: the input is what this rank sends
         t = bound["input"]
-    else:  # all_reduce, broadcast, reduce
-        t = bound["tensor"]
+    else:
+        t = max((v for v in bound.values() if isinstance(v, torch.Tensor)), key=torch.Tensor.numel)
     return t.numel(), t.dtype, n
 
 
@@ -278,7 +277,7 @@ def count_ddp_allreduce(ddp_model: nn.Module) -> None:
         raise ValueError(
             f"count_ddp_allreduce needs a DistributedDataParallel model, got "
             f"{type(ddp_model).__name__}; FSDP2 and ZeRO-1 collectives need no hook.")
-    if getattr(ddp_model, "_guide_comm_counter", None) is not None:
+    if getattr(ddp_model, "_guide_comm_counter", False):
         return
     # Imported here, not at the top: importing DDP's hook package scripts functions with
     # torch.jit, which warns (DeprecationWarning) in every process that merely imports guide.comm.
