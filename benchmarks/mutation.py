@@ -182,6 +182,9 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("docs.ledger_ext.x__configure",
      '*(Path(d if (os.path.isabs(d)) and False else srcdir / d) / f"{page}.py"',
      "srcdir / d is d when d is absolute"),
+    # guide.memory.predicted
+    ("guide.memory.predicted.x_zero1_partition", "sizes = [1] * world_size",
+     "every rank starts one higher: the argmin, hence the partition, is the same"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

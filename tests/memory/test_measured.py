@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -84,6 +85,9 @@ class _History(torch.optim.Optimizer):
                 state["history"] = [p.grad.clone(), p.grad.clone()]
                 state["pair"] = (torch.zeros_like(p), {"deep": [torch.zeros_like(p)]})
                 state["count"] = 1  # not a tensor: nothing to count
+                state["refs"] = (p, p.grad)  # the parameter and its gradient, not copies
+
+
 
 
 def test_optimizer_state_in_lists_and_tuples_is_counted():
@@ -91,7 +95,48 @@ def test_optimizer_state_in_lists_and_tuples_is_counted():
     opt = _History(model.parameters())
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
-    assert measure(model, opt).optimizer == 4 * 12 * 4  # 2 in the list, 2 in the tuple
+    got = measure(model, opt)
+    # 2 in the list, 2 in the tuple; the references to the parameter and its gradient add nothing
+    # (their storages are already counted as the parameter and the gradient)
+    assert (got.params, got.grads, got.optimizer) == (12 * 4, 12 * 4, 4 * 12 * 4)
+
+
+# -- in one process (a gloo world of one): DDP's reducer, ZeRO-1's wrapper, FSDP2's DTensors -------
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _one_step(model, opt):
+    batches = synthetic_batches(steps=1, batch_size=2, seq_len=8, vocab=_CFG.vocab, seed=0)
+    train_steps(model, opt, batches)
+    return measure(model, opt)
+
+
+@pytest.mark.parametrize(("run", "strategy", "buckets"), [
+    ("ddp", "ddp", True), ("ddp_bucket_view", "ddp", False), ("zero1", "zero1", True),
+    ("fsdp2", "fsdp2", True),
+])
+def test_measured_equals_predicted_in_a_world_of_one(world_of_one, run, strategy, buckets):
+    """The same comparison as on 3 ranks, in this process: DDP's separate buckets are added (and
+    not under gradient_as_bucket_view=True), ZeRO-1's state is read from the optimizer it wraps,
+    FSDP2's parameters through their local shards."""
+    shapes = param_shapes(build_model(_CFG))
+    if run == "fsdp2":
+        model = sharding.apply_fsdp2(build_model(_CFG), init_device_mesh("cpu", (1,)))
+    else:
+        model = DistributedDataParallel(build_model(_CFG),
+                                        gradient_as_bucket_view=run == "ddp_bucket_view")
+    opt = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=OPTIMIZERS["adamw"].factory)
+           if run == "zero1" else make_optimizer("adamw", model.parameters()))
+    want = state_bytes_by_rank(shapes, strategy, 1, "fp32", "adamw", ddp_buckets=buckets)[0]
+    assert _one_step(model, opt) == want
+    assert param_shapes(model) == shapes
 
 
 def test_storage_bytes_counts_small_and_skips_empty_storages():

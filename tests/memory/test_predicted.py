@@ -329,6 +329,8 @@ def test_fsdp2_rows_are_dim0_and_a_row_is_the_other_dims():
     assert [r.params for r in ranks] == [2 * 10 * 4] * 2
     assert [r.optimizer for r in ranks] == [2 * 10 * 4, 1 * 10 * 4]
     assert unsharded_param_bytes([(3, 2, 5)], 2, "fp32") == 4 * 10 * 4
+    # every parameter is gathered: the padded sizes add up
+    assert unsharded_param_bytes([(3, 2, 5), (5,), ()], 2, "fp32") == (4 * 10 + 6 + 2) * 4
     # equal shapes are counted once per tensor, however many there are
     three = state_bytes_by_rank([(3, 2, 5)] * 3 + [(4,)], "fsdp2", 2, "fp32", "sgd_momentum",
                                 ddp_buckets=False)
