@@ -185,6 +185,9 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     # guide.memory.predicted
     ("guide.memory.predicted.x_zero1_partition", "sizes = [1] * world_size",
      "every rank starts one higher: the argmin, hence the partition, is the same"),
+    # guide.memory.measured
+    ("guide.memory.measured.x_storage_bytes", "key = (str(None), storage.data_ptr())",
+     "CPU and CUDA storages share one address space (UVA): the pointer alone is unique"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -57,7 +57,7 @@ def test_measure_counts_a_shared_storage_once():
      r"^measure\(\) needs a torch\.optim\.Optimizer \(or None\), got str\.$"),
     (lambda: reducer_bucket_bytes(nn.Linear(2, 2)),
      r"^reducer_bucket_bytes\(\) needs a DistributedDataParallel model, got Linear\.$"),
-])
+], ids=["model", "optimizer", "ddp"])
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -137,6 +137,16 @@ def test_measured_equals_predicted_in_a_world_of_one(world_of_one, run, strategy
     want = state_bytes_by_rank(shapes, strategy, 1, "fp32", "adamw", ddp_buckets=buckets)[0]
     assert _one_step(model, opt) == want
     assert param_shapes(model) == shapes
+
+
+def test_reducer_bucket_bytes_sums_every_bucket_in_a_world_of_one(world_of_one):
+    """10 KiB buckets (logged as "b0, b1, ..."; see the 3-rank test): all are one gradient copy."""
+    model = DistributedDataParallel(build_model(_CFG), bucket_cap_mb=0.01,
+                                    find_unused_parameters=True)
+    assert model._get_ddp_logging_data()["bucket_sizes"].count(",") >= 2
+    grads = sum(math.prod(s) for s in param_shapes(model)) * 4
+    assert reducer_bucket_bytes(model) == grads
+    assert _one_step(model, make_optimizer("adamw", model.parameters())).buckets == grads
 
 
 def test_storage_bytes_counts_small_and_skips_empty_storages():

@@ -296,7 +296,9 @@ def test_a_gpu_total_in_another_unit_names_the_unit_received():
      r"^n_params must be an integer >= 0, got 16\.0\.$"),
     (lambda: state_bytes_for_count(16, "ddp", 2, "fp32", "adamw", ddp_buckets="no"),
      r"^ddp_buckets must be True"),
-])
+], ids=["precision", "optimizer", "shapes_str", "shapes_bytes", "shapes_set", "shape_int",
+        "dim_bool", "dim_float", "buckets_int", "world_by_rank", "world_zero1", "world_unsharded",
+        "world_count", "n_params_bool", "n_params_float", "count_buckets_str"])
 def test_each_mistake_names_the_argument_and_the_fix(call, match):
     with pytest.raises(ValueError, match=match):
         call()
