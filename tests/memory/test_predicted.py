@@ -275,6 +275,8 @@ def test_a_gpu_total_in_another_unit_names_the_unit_received():
      r"^param_shapes must be a sequence of shapes .*got set\.$"),
     (lambda: per_rank_state_bytes([(4, 4), 7], "ddp", 2, "fp32", "adamw", ddp_buckets=True),
      r"^param_shapes\[1\] = 7 is not a shape; pass a tuple of dimension sizes\.$"),
+    (lambda: per_rank_state_bytes([], "ddp", 2, "fp32", "adamw", ddp_buckets=True),
+     r"^param_shapes is empty: pass one shape per parameter tensor\.$"),
     (lambda: per_rank_state_bytes([(4, True)], "ddp", 2, "fp32", "adamw", ddp_buckets=True),
      r"^param_shapes\[0\] = \(4, True\): every dimension must be an integer >= 0\.$"),
     (lambda: per_rank_state_bytes([(4.0, 4)], "ddp", 2, "fp32", "adamw", ddp_buckets=True),
@@ -296,7 +298,7 @@ def test_a_gpu_total_in_another_unit_names_the_unit_received():
      r"^n_params must be an integer >= 0, got 16\.0\.$"),
     (lambda: state_bytes_for_count(16, "ddp", 2, "fp32", "adamw", ddp_buckets="no"),
      r"^ddp_buckets must be True"),
-], ids=["precision", "optimizer", "shapes_str", "shapes_bytes", "shapes_set", "shape_int",
+], ids=["precision", "optimizer", "shapes_str", "shapes_bytes", "shapes_set", "shape_int", "empty",
         "dim_bool", "dim_float", "buckets_int", "world_by_rank", "world_zero1", "world_unsharded",
         "world_count", "n_params_bool", "n_params_float", "count_buckets_str"])
 def test_each_mistake_names_the_argument_and_the_fix(call, match):
