@@ -201,6 +201,12 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
      "wire_bytes_written() is None at both ends or at neither: /proc/self/io exists or not"),
     ("guide.comm.log.x_count_ddp_allreduce", 'if getattr(ddp_model, "_guide_comm_counter", None):',
      "None and False are both false: an unhooked model is hooked either way"),
+    # guide.memory.predicted
+    ("guide.memory.predicted.x_zero1_partition", "sizes = [1] * world_size",
+     "every rank starts one higher: the argmin, hence the partition, is the same"),
+    # guide.memory.measured
+    ("guide.memory.measured.x_storage_bytes", "key = (str(None), storage.data_ptr())",
+     "CPU and CUDA storages share one address space (UVA): the pointer alone is unique"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

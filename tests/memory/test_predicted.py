@@ -233,3 +233,183 @@ def test_gpu_totals_are_the_cited_constants_in_gib():
         mp.setitem(constants.CONSTANTS, "h100.memory_total", wrong)
         with pytest.raises(ValueError, match="h100.memory_total must be in MiB"):
             predicted._total_gib("h100.memory_total")
+
+
+# -- the GPU totals, recomputed at test time (GPU_TOTAL_MEMORY_GIB is built at import) -------------
+
+
+@pytest.mark.parametrize(("key", "gib"), [
+    ("h100.memory_total", 79.6),  # nvidia-smi: 81,559 MiB on an H100 80GB HBM3
+    ("h200.memory_total", 140.4),  # nvidia-smi: 143,771 MiB on an H200 141GB HBM3e
+])
+def test_total_gib_is_nvidia_smis_mib_over_1024(key, gib):
+    """_total_gib runs at import time, so a test calls it again: MiB / 1,024 = GiB."""
+    got = predicted._total_gib(key)
+    assert round(got, 1) == gib
+    assert got == constants.value(key) / 1024
+
+
+def test_a_gpu_total_in_another_unit_names_the_unit_received():
+    wrong = constants.Constant("h200.memory_total", 141, "GB", "a datasheet")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(constants.CONSTANTS, "h200.memory_total", wrong)
+        with pytest.raises(ValueError, match=r"h200\.memory_total must be in MiB "
+                                             r"\(nvidia-smi's unit\), not GB\.$"):
+            predicted._total_gib("h200.memory_total")
+
+
+# -- messages that name the fix ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: per_rank_state_bytes([(4, 4)], "ddp", 2, "fp16", "adamw", ddp_buckets=True),
+     r"^unknown precision 'fp16'; choose one of fp32, bf16_mixed, bf16, zero_mixed\.$"),
+    (lambda: per_rank_state_bytes([(4, 4)], "ddp", 2, "fp32", "adam", ddp_buckets=True),
+     r"^unknown optimizer 'adam'; choose one of " + ", ".join(OPTIMIZERS) + r"\.$"),
+    (lambda: per_rank_state_bytes("4096", "ddp", 2, "fp32", "adamw", ddp_buckets=True),
+     r"^param_shapes must be a sequence of shapes such as \[\(4096, 4096\), \(4096,\)\], "
+     r"got str\.$"),
+    (lambda: per_rank_state_bytes(b"\x04", "ddp", 2, "fp32", "adamw", ddp_buckets=True),
+     r"got bytes\.$"),
+    (lambda: per_rank_state_bytes({(4, 4)}, "ddp", 2, "fp32", "adamw", ddp_buckets=True),
+     r"^param_shapes must be a sequence of shapes .*got set\.$"),
+    (lambda: per_rank_state_bytes([(4, 4), 7], "ddp", 2, "fp32", "adamw", ddp_buckets=True),
+     r"^param_shapes\[1\] = 7 is not a shape; pass a tuple of dimension sizes\.$"),
+    (lambda: per_rank_state_bytes([], "ddp", 2, "fp32", "adamw", ddp_buckets=True),
+     r"^param_shapes is empty: pass one shape per parameter tensor\.$"),
+    (lambda: per_rank_state_bytes([(4, True)], "ddp", 2, "fp32", "adamw", ddp_buckets=True),
+     r"^param_shapes\[0\] = \(4, True\): every dimension must be an integer >= 0\.$"),
+    (lambda: per_rank_state_bytes([(4.0, 4)], "ddp", 2, "fp32", "adamw", ddp_buckets=True),
+     r"^param_shapes\[0\] = \(4\.0, 4\): every dimension must be an integer >= 0\.$"),
+    (lambda: per_rank_state_bytes([(4, 4)], "ddp", 2, "fp32", "adamw", ddp_buckets=1),
+     r"^ddp_buckets must be True \(DDP's default, gradient_as_bucket_view=False: its reducer "
+     r"keeps a second copy of the gradients\) or False \(gradient_as_bucket_view=True\), got 1\.$"),
+    (lambda: per_rank_state_bytes([(4, 4)], "ddp", 0, "fp32", "adamw", ddp_buckets=True),
+     r"^world_size must be a positive integer \(the number of ranks\), got 0\.$"),
+    (lambda: zero1_partition([(4, 4)], 0),
+     r"^world_size must be a positive integer \(the number of ranks\), got 0\.$"),
+    (lambda: unsharded_param_bytes([(4, 4)], 0, "fp32"),
+     r"^world_size must be a positive integer \(the number of ranks\), got 0\.$"),
+    (lambda: state_bytes_for_count(16, "ddp", 0, "fp32", "adamw", ddp_buckets=True),
+     r"^world_size must be a positive integer \(the number of ranks\), got 0\.$"),
+    (lambda: state_bytes_for_count(True, "ddp", 2, "fp32", "adamw", ddp_buckets=True),
+     r"^n_params must be an integer >= 0, got True\.$"),
+    (lambda: state_bytes_for_count(16.0, "ddp", 2, "fp32", "adamw", ddp_buckets=True),
+     r"^n_params must be an integer >= 0, got 16\.0\.$"),
+    (lambda: state_bytes_for_count(16, "ddp", 2, "fp32", "adamw", ddp_buckets="no"),
+     r"^ddp_buckets must be True"),
+], ids=["precision", "optimizer", "shapes_str", "shapes_bytes", "shapes_set", "shape_int", "empty",
+        "dim_bool", "dim_float", "buckets_int", "world_by_rank", "world_zero1", "world_unsharded",
+        "world_count", "n_params_bool", "n_params_float", "count_buckets_str"])
+def test_each_mistake_names_the_argument_and_the_fix(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_zero_parameters_and_zero_sized_dimensions_are_valid():
+    """0 is a size (an empty tensor), not a mistake: nothing to hold."""
+    assert state_bytes_for_count(0, "fsdp2", 4, "fp32", "adamw", ddp_buckets=True).total == 0
+    sb = per_rank_state_bytes([(0, 4)], "ddp", 2, "fp32", "adamw", ddp_buckets=False)
+    assert (sb.params, sb.grads, sb.optimizer) == (0, 0, 4)  # AdamW's step tensor only
+
+
+# -- a 0-d parameter is one element ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", list(Strategy))
+def test_a_scalar_parameter_counts_as_one_element(strategy):
+    """A 0-d tensor (a learned temperature) holds one element, exactly as a (1,) tensor does."""
+    for n in (1, 2, 3):
+        scalar = state_bytes_by_rank([(), (6, 2)], strategy, n, "fp32", "adamw", ddp_buckets=True)
+        one = state_bytes_by_rank([(1,), (6, 2)], strategy, n, "fp32", "adamw", ddp_buckets=True)
+        assert scalar == one, n
+        assert unsharded_param_bytes([()], n, "fp32") == unsharded_param_bytes([(1,)], n, "fp32")
+
+
+def test_fsdp2_rows_are_dim0_and_a_row_is_the_other_dims():
+    """(3, 2, 5) over 2 ranks: 3 rows of 10 elements, split 2 + 1 (not 30 elements 15 + 15)."""
+    ranks = state_bytes_by_rank([(3, 2, 5)], "fsdp2", 2, "fp32", "sgd_momentum",
+                                ddp_buckets=False)
+    assert [r.params for r in ranks] == [2 * 10 * 4] * 2
+    assert [r.optimizer for r in ranks] == [2 * 10 * 4, 1 * 10 * 4]
+    assert unsharded_param_bytes([(3, 2, 5)], 2, "fp32") == 4 * 10 * 4
+    # every parameter is gathered: the padded sizes add up
+    assert unsharded_param_bytes([(3, 2, 5), (5,), ()], 2, "fp32") == (4 * 10 + 6 + 2) * 4
+    # equal shapes are counted once per tensor, however many there are
+    three = state_bytes_by_rank([(3, 2, 5)] * 3 + [(4,)], "fsdp2", 2, "fp32", "sgd_momentum",
+                                ddp_buckets=False)
+    assert [r.params for r in three] == [(3 * 2 * 10 + 2) * 4] * 2
+    assert [r.optimizer for r in three] == [(3 * 2 * 10 + 2) * 4, (3 * 1 * 10 + 2) * 4]
+
+
+# -- ZeRO-2 and the count-based model, component by component ---------------------------------------
+
+
+def test_zero2_splits_grads_and_optimizer_state_evenly_and_replicates_params():
+    """17 elements over 4 ranks, flat like torch.chunk: 5, 5, 5, 2; over 6: 3, 3, 3, 3, 3, 2."""
+    shapes = [(10,), (7,)]
+    ranks = state_bytes_by_rank(shapes, "zero2", 4, "fp32", "adamw", ddp_buckets=True)
+    assert [r.params for r in ranks] == [17 * 4] * 4
+    assert [r.grads for r in ranks] == [5 * 4, 5 * 4, 5 * 4, 2 * 4]
+    assert [r.optimizer for r in ranks] == [5 * 8 + 2 * 4] * 3 + [2 * 8 + 2 * 4]
+    assert [r.buckets for r in ranks] == [0] * 4  # no DDP underneath: no reducer
+    # 9 elements over 4 ranks: 3, 3, 3, 0; a rank with no elements keeps no step tensors either
+    empty = state_bytes_by_rank([(9,)], "zero2", 4, "fp32", "adamw", ddp_buckets=False)[3]
+    assert (empty.grads, empty.optimizer) == (0, 0)
+
+
+@pytest.mark.parametrize(("strategy", "params", "grads", "optimizer"), [
+    ("ddp", 1001, 1001, 1001), ("zero1", 1001, 1001, 126), ("zero2", 1001, 126, 126),
+    ("fsdp2", 126, 126, 126), ("fsdp2_no_reshard", 126, 126, 126),
+])
+def test_count_model_shards_what_the_zero_stage_shards(strategy, params, grads, optimizer):
+    """ZeRO §5: stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 (FSDP2)
+    also the parameters; a share is ceil(1001 / 8) = 126 elements. zero_mixed: 2 + 2 + 12 bytes."""
+    sb = state_bytes_for_count(1001, strategy, 8, "zero_mixed", "adamw", ddp_buckets=False)
+    assert (sb.params, sb.grads, sb.optimizer) == (params * 2, grads * 2, optimizer * 12)
+
+
+# -- the smallest world that fits: its edge and its assumptions ------------------------------------
+
+
+def _fsdp2_total(arch, n):
+    return per_rank_state_bytes(arch.param_shapes(), "fsdp2", n, "bf16_mixed", "adamw",
+                                ddp_buckets=True).total
+
+
+def test_min_world_size_accepts_an_exact_fit():
+    """Bytes equal to the capacity fit: 'fits' is <=."""
+    arch = PRESETS["llama-3-8b"]
+    cap = _fsdp2_total(arch, 4)
+    assert min_world_size(arch, "fsdp2", cap, "bf16_mixed", "adamw", ddp_buckets=True,
+                          seq_len=None) == 4
+    assert min_world_size(arch, "fsdp2", cap - 1, "bf16_mixed", "adamw", ddp_buckets=True,
+                          seq_len=None) == 8
+
+
+def test_min_world_size_adds_one_micro_batch_without_checkpointing_by_default():
+    """The defaults are one sequence and no checkpointing: an exact fit at N=4 with those
+    activations; two sequences do not fit at 4, and full checkpointing needs less."""
+    arch = PRESETS["llama-3-8b"]
+    act = activation_bytes(arch, 2048, 1, checkpointing="none")
+    cap = _fsdp2_total(arch, 4) + act
+    kw = dict(ddp_buckets=True, seq_len=2048)
+    assert min_world_size(arch, "fsdp2", cap, "bf16_mixed", "adamw", **kw) == 4
+    assert min_world_size(arch, "fsdp2", cap, "bf16_mixed", "adamw", micro_batch=2, **kw) != 4
+    full = activation_bytes(arch, 2048, 1, checkpointing="full")
+    assert full < act
+    tight = _fsdp2_total(arch, 4) + full
+    assert min_world_size(arch, "fsdp2", tight, "bf16_mixed", "adamw", checkpointing="full",
+                          **kw) == 4
+    assert min_world_size(arch, "fsdp2", tight, "bf16_mixed", "adamw", **kw) != 4
+
+
+def test_min_world_size_tries_only_the_given_worlds_in_order():
+    arch = PRESETS["llama-3-8b"]
+    cap = _fsdp2_total(arch, 4)
+    assert min_world_size(arch, "fsdp2", cap, "bf16_mixed", "adamw", ddp_buckets=True,
+                          seq_len=None, world_sizes=(3, 5, 6)) == 5
+    assert min_world_size(arch, "fsdp2", cap, "bf16_mixed", "adamw", ddp_buckets=True,
+                          seq_len=None, world_sizes=(1, 2, 3)) is None
+    # the default is WORLD_SIZES: powers of two up to 1,024
+    assert predicted.WORLD_SIZES == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

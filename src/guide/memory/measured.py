@@ -69,7 +69,9 @@ def storage_bytes(tensors: Iterable[torch.Tensor], seen: set[tuple[str, int]] | 
 
 def reducer_bucket_bytes(ddp_model: nn.Module) -> int:
     """Measured bytes of the gradient buckets a live ``DistributedDataParallel`` model's reducer
-    holds, read from DDP's own logging data (``bucket_sizes``), available after the first backward.
+    holds, read from DDP's own logging data (``bucket_sizes``: the bytes of each bucket, joined by
+    ``", "``), set when the model is built (its initial buckets; whatever the buckets, every
+    gradient is in exactly one of them).
 
     With ``gradient_as_bucket_view=False`` (the default) they are a second copy of every gradient;
     with ``True`` the gradients are views of them (and :func:`~guide.memory.measure` counts them
@@ -79,10 +81,7 @@ def reducer_bucket_bytes(ddp_model: nn.Module) -> int:
     if not isinstance(ddp_model, DistributedDataParallel):
         raise ValueError(f"reducer_bucket_bytes() needs a DistributedDataParallel model, "
                          f"got {type(ddp_model).__name__}.")
-    sizes = ddp_model._get_ddp_logging_data().get("bucket_sizes", "")
-    if isinstance(sizes, str):
-        return sum(int(x) for x in sizes.split(",") if x.strip())
-    return int(sum(sizes))
+    return sum(int(x) for x in ddp_model._get_ddp_logging_data()["bucket_sizes"].split(","))
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
