@@ -182,6 +182,22 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("docs.ledger_ext.x__configure",
      '*(Path(d if (os.path.isabs(d)) and False else srcdir / d) / f"{page}.py"',
      "srcdir / d is d when d is absolute"),
+    # guide.checkpoint
+    ("guide.checkpoint.x_disk_usage", "verify(path, manifest=None)",
+     "verify reads manifest as a truth value: None is False"),
+    ("guide.checkpoint.x__any_rank", "dist.all_reduce(t, group=process_group)",
+     "the SUM of 0/1 flags is non-zero exactly when their MAX is 1"),
+    ("guide.checkpoint.x_publish",
+     '_write_synced(partial / MANIFEST, json.dumps({"files": files}, indent=None))',
+     "the manifest's whitespace: json.load (verify) reads the same files"),
+    ("guide.checkpoint.x_publish",
+     '_write_synced(partial / MANIFEST, json.dumps({"files": files}, ))',
+     "the manifest's whitespace: json.load (verify) reads the same files"),
+    # guide.launcher.rank_main
+    ("guide.launcher.rank_main.x__watch_parent", "os._exit(4)",
+     "an orphaned rank's exit code: its only reader, the launching process, is gone"),
+    ("guide.launcher.rank_main.x__watch_parent", "time.sleep(2.0)",
+     "a slower poll, same outcome"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -297,6 +297,36 @@ def test_job_dir_under_torchrun_is_one_path_that_rank_0_empties(monkeypatch,
     assert checkpoint.job_dir("demo") == tmp_path / "demo-127.0.0.1-29500"
 
 
+def test_begin_save_and_publish_errors_read_in_full(saved, tmp_path: Path) -> None:
+    """Each refusal, word for word: what is wrong and what to do instead."""
+    path, _ = saved
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.begin_save(path)
+    assert str(info.value) == (
+        f"{path} exists: a published checkpoint is never overwritten (a save that dies halfway "
+        "through an old checkpoint's directory leaves a silent mix of both steps). Save each step "
+        "into its own directory, e.g. guide.checkpoint.step_dir(root, step).")
+    partial = tmp_path / "step-000007.partial"
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.begin_save(partial)
+    assert str(info.value) == (f"{partial}: give the published name, without '.partial'; "
+                               "begin_save returns the partial directory to write into.")
+    assert checkpoint.begin_save(tmp_path / "step-000007") == partial
+    partial.mkdir()
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.publish(partial)
+    assert str(info.value) == (f"{partial} has no .metadata: dcp.save did not finish (seen by at "
+                               "least one rank); nothing is published.")
+
+
+def test_begin_save_creates_missing_parent_directories(tmp_path: Path) -> None:
+    path = checkpoint.step_dir(tmp_path / "runs" / "today", 1)
+    partial = checkpoint.begin_save(path)
+    assert partial == path.with_name("step-000001.partial") and partial.parent.is_dir()
+    dcp.save({"w": torch.zeros(2)}, checkpoint_id=partial, no_dist=True)
+    assert checkpoint.publish(partial) == path and checkpoint.latest(path.parent) == path
+
+
 # --------------------------------------------------------------------------------------------------
 # Resume: the optimizer state is part of the checkpoint, and the check can tell.
 
