@@ -615,12 +615,20 @@ def in_two_ranks(tmp_path: Path, fn: Callable, *args, timeout_s: float = 20.0):
     import cloudpickle
     from datetime import timedelta
 
-    master = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=timeout_s))
+    from guide.launcher.local import _loopback_listener
+
+    listener = _loopback_listener()  # as guide.launch does: nothing listens beyond loopback
+    port = listener.getsockname()[1]
+    master = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=timeout_s), master_listen_fd=listener.fileno(),
+                           use_libuv=True)
+    listener.detach()  # the store owns the socket now
     payload = tmp_path / "peer.pkl"
     payload.write_bytes(cloudpickle.dumps((fn, args)))
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's sockets too, in both ranks
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    peer = subprocess.Popen([sys.executable, "-c", _PEER, str(master.port), str(payload),
+    peer = subprocess.Popen([sys.executable, "-c", _PEER, str(port), str(payload),
                              str(timeout_s)], env=env)
     try:
         dist.init_process_group("gloo", store=master, rank=0, world_size=2,
@@ -629,6 +637,11 @@ def in_two_ranks(tmp_path: Path, fn: Callable, *args, timeout_s: float = 20.0):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        del master
+        if ifname is None:
+            del os.environ["GLOO_SOCKET_IFNAME"]
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
         try:
             peer.wait(timeout=3 * timeout_s)
         except subprocess.TimeoutExpired:

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from guide.launcher import rank_main as rank_main_module
+from guide.launcher.local import _loopback_listener
 from guide.launcher.rank import Rank
 from guide.launcher.rank_main import Spec, _watch_parent, rank_main
 
@@ -82,16 +83,15 @@ def run_rank0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             peers: bool = False, **fields) -> Ran:
         workdir = tmp_path / f"job{len(runs)}"
         workdir.mkdir()
+        listener = _loopback_listener()  # as guide.launch does: nothing listens beyond loopback
+        port = listener.getsockname()[1]
         if store:
-            master = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
-                                   wait_for_workers=False, timeout=timedelta(seconds=30))
-            port = master.port
+            master = dist.TCPStore("127.0.0.1", port, world_size, is_master=True,  # noqa: F841
+                                   wait_for_workers=False, timeout=timedelta(seconds=30),
+                                   master_listen_fd=listener.fileno(), use_libuv=True)
+            listener.detach()  # the store owns the socket now
         else:  # a port where nothing listens: the parent's store is gone
-            import socket
-
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+            listener.close()
         spec = Spec(**{"world_size": world_size, "port": port,
                        "payload": cloudpickle.dumps((fn, args, kwargs or {})),
                        "workdir": str(workdir), "collective_timeout_s": 20.0, "threads": 1,
