@@ -133,7 +133,8 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
                "return f\"rank {e.rank}: raised {e.error['type']}\"", _LAUNCHER),
     # issue 29's survivors, each killed by the test named in the issue's closing note
     HandMutant("src/guide/checkpoint_verify.py",
-               "for block in iter(lambda: f.read(1 << 20), b\"\"):\n            digest.update(block)",
+               "for block in iter(lambda: f.read(1 << 20), b\"\"):\n"
+               "            digest.update(block)",
                "digest.update(f.read(1 << 20))", ("tests/test_checkpoint.py",)),
     HandMutant("src/guide/checkpoint.py",
                "missing = _any_rank(not (partial / METADATA).is_file(), process_group)",
