@@ -672,7 +672,7 @@ def _publish_in_own_groups(rank: guide.Rank, root: Path) -> dict:
 def test_publish_uses_the_group_it_is_given(tmp_path: Path) -> None:
     stale = tmp_path / "ckpt" / "rank1" / "step-000000.partial"
     stale.mkdir(parents=True)
-    (stale / "__0_0.distcp").write_bytes(b"left by a save that died")
+    (stale / "__1_0.distcp").write_bytes(b"left by a save that died")  # not overwritten
     full = in_two_ranks(tmp_path, _publish_in_own_groups, tmp_path / "ckpt")
     published = sorted(str(p.relative_to(tmp_path / "ckpt"))
                        for p in (tmp_path / "ckpt").glob("*/*"))
