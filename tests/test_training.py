@@ -189,3 +189,25 @@ def test_next_token_loss_takes_the_shortest_sequence() -> None:
     logits = model(batch[:, :1])[:, 0]
     by_hand = F.cross_entropy(logits, batch[:, 1])
     assert next_token_loss(model, batch).item() == pytest.approx(by_hand.item(), abs=1e-6)
+
+
+def test_a_rank_moves_its_slice_to_its_device_before_the_forward() -> None:
+    """The rank's device, not the batch's (CPU): seen at the model's input ("meta" stands in for
+    an accelerator; the forward is stopped there)."""
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def record(module, args):
+        seen.append((args[0].device, tuple(args[0].shape)))
+        raise Stop
+
+    model = build_model(TINY)
+    model.register_forward_pre_hook(record)
+    batches = synthetic_batches(1, 4, 8, TINY.vocab, seed=0)
+    with pytest.raises(Stop):
+        train_steps(model, make_optimizer("sgd", model.parameters()), batches,
+                    Rank(0, 2, torch.device("meta"), "gloo"))
+    assert seen == [(torch.device("meta"), (2, 8))]
