@@ -5,8 +5,8 @@ tests check the job from outside). Here it runs in the test's own process, as ra
 parent (the test) holds the store, so that the rank's side of the contract is checked where it is
 written: the result and error files the supervisor reads, the exit code, the stack file that
 ``SIGUSR1`` and a crash fill, the process group's timeout, the memory cap, the parent watch.
-``os._exit`` is replaced by an exception that carries the exit code; everything the rank changes
-in the process (faulthandler, threads, environment, process group) is put back afterwards.
+rank_main's ``os._exit`` is replaced by an exception that carries the exit code; everything it
+changes in the process (faulthandler, threads, environment, process group) is put back afterwards.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,7 +36,9 @@ from guide.launcher.local import _loopback_listener
 from guide.launcher.rank import Rank
 from guide.launcher.rank_main import Spec, _watch_parent, rank_main
 
-pytestmark = pytest.mark.timeout(60)
+# A rank blocked in a C++ wait (the store, gloo) ignores pytest-timeout's default signal: the
+# thread method ends the session (exit 1) if a test here hangs; measured under load: at most 12 s.
+pytestmark = pytest.mark.timeout(45, method="thread")
 
 WATCH = "guide-parent-watch"  # the parent watch's thread name (what a stack dump shows)
 
@@ -44,6 +47,17 @@ class Exited(BaseException):  # noqa: N818 (os._exit's stand-in: it carries the 
     def __init__(self, code: object) -> None:
         super().__init__(code)
         self.code = code
+
+
+class _OsWithoutExit:
+    """``os`` for rank_main's module: ``os._exit`` raises :class:`Exited` (the real one stays, so
+    that pytest-timeout's thread method can still end a hung session)."""
+
+    def __init__(self, exit_: Callable[[object], None]) -> None:
+        self._exit = exit_
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
 
 
 def _fake_exit(code: object) -> None:
@@ -76,7 +90,7 @@ def run_rank0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     false) and returns a :class:`Ran`."""
     threads_before = torch.get_num_threads()
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)  # put back whatever was there
-    monkeypatch.setattr(os, "_exit", _fake_exit)
+    monkeypatch.setattr(rank_main_module, "os", _OsWithoutExit(_fake_exit))
     runs = []
 
     def run(fn, *args, world_size: int = 1, store: bool = True, kwargs: dict | None = None,
@@ -299,7 +313,7 @@ def test_the_parent_watch_ends_the_rank_once_the_parent_is_gone(monkeypatch) -> 
         exits.append(code)
         sys.exit()  # ends the watch thread, as os._exit would end the rank
 
-    monkeypatch.setattr(os, "_exit", record_exit)
+    monkeypatch.setattr(rank_main_module, "os", _OsWithoutExit(record_exit))
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         before = set(_watchers())
