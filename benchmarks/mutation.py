@@ -194,6 +194,9 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("guide.checkpoint.x_publish",
      '_write_synced(partial / MANIFEST, json.dumps({"files": files}, ))',
      "the manifest's whitespace: json.load (verify) reads the same files"),
+    ("guide.checkpoint.x_publish",
+     '_write_synced(partial / MANIFEST, json.dumps({"files": files}, indent=2))',
+     "the manifest's whitespace: json.load (verify) reads the same files"),
     # guide.launcher.rank_main
     ("guide.launcher.rank_main.x__watch_parent", "os._exit(4)",
      "an orphaned rank's exit code: its only reader, the launching process, is gone"),

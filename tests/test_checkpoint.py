@@ -697,6 +697,25 @@ def test_publish_waits_for_a_slow_rank_here_too(tmp_path: Path, monkeypatch) -> 
     assert checkpoint.latest(tmp_path / "ckpt") == checkpoint.step_dir(tmp_path / "ckpt", 1)
 
 
+def _publish_an_unfinished_save(rank: guide.Rank, root: Path) -> str:
+    """A save that never wrote ``.metadata``: publish must fail on every rank (none waits)."""
+    partial = checkpoint.begin_save(checkpoint.step_dir(root, 1))
+    if rank.is_main:
+        partial.mkdir()
+    dist.barrier()
+    try:
+        checkpoint.publish(partial)
+    except CheckpointError as e:
+        return str(e)
+    raise AssertionError(f"rank {rank.rank} published a save without .metadata")
+
+
+def test_an_unfinished_save_fails_publish_on_every_rank(tmp_path: Path) -> None:
+    message = in_two_ranks(tmp_path, _publish_an_unfinished_save, tmp_path / "ckpt")
+    assert "has no .metadata: dcp.save did not finish" in message
+    assert checkpoint.latest(tmp_path / "ckpt") is None
+
+
 #: What ``python tests/test_checkpoint.py FAULT`` can run: the verify() faults, and a rank killed
 #: in the middle of a published save (the job fails with RankDied; the test above proves the
 #: previous checkpoint survives).
