@@ -132,12 +132,13 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
                "return f\"rank {e.rank}: raised {e.error['type']}{head}{more} [{code}{note}]\"",
                "return f\"rank {e.rank}: raised {e.error['type']}\"", _LAUNCHER),
     # issue 29's survivors, each killed by the test named in the issue's closing note
-    HandMutant("src/guide/checkpoint.py", "for block in iter(lambda: f.read(1 << 20), b\"\"):\n"
-               "            digest.update(block)", "digest.update(f.read(1 << 20))",
-               ("tests/test_checkpoint.py",)),
+    HandMutant("src/guide/checkpoint_verify.py",
+               "for block in iter(lambda: f.read(1 << 20), b\"\"):\n"
+               "            digest.update(block)",
+               "digest.update(f.read(1 << 20))", ("tests/test_checkpoint.py",)),
     HandMutant("src/guide/checkpoint.py",
-               "missing = _any_rank(not (partial / _METADATA).is_file(), process_group)",
-               "missing = not (partial / _METADATA).is_file()",
+               "missing = _any_rank(not (partial / METADATA).is_file(), process_group)",
+               "missing = not (partial / METADATA).is_file()",
                ("tests/test_checkpoint.py",)),
     HandMutant("src/guide/comm/log.py", "return t.numel() * n, t.dtype, n",
                "return t.numel(), t.dtype, n", ("tests/comm/test_log.py",)),
@@ -207,6 +208,25 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     # guide.memory.measured
     ("guide.memory.measured.x_storage_bytes", "key = (str(None), storage.data_ptr())",
      "CPU and CUDA storages share one address space (UVA): the pointer alone is unique"),
+    # guide.checkpoint
+    ("guide.checkpoint.x_disk_usage", "verify(path, manifest=None)",
+     "verify reads manifest as a truth value: None is False"),
+    ("guide.checkpoint.x__any_rank", "dist.all_reduce(t, group=process_group)",
+     "the SUM of 0/1 flags is non-zero exactly when their MAX is 1"),
+    ("guide.checkpoint.x_publish",
+     '_write_synced(partial / MANIFEST, json.dumps({"files": files}, indent=None))',
+     "the manifest's whitespace: json.load (verify) reads the same files"),
+    ("guide.checkpoint.x_publish",
+     '_write_synced(partial / MANIFEST, json.dumps({"files": files}, ))',
+     "the manifest's whitespace: json.load (verify) reads the same files"),
+    ("guide.checkpoint.x_publish",
+     '_write_synced(partial / MANIFEST, json.dumps({"files": files}, indent=2))',
+     "the manifest's whitespace: json.load (verify) reads the same files"),
+    # guide.launcher.rank_main
+    ("guide.launcher.rank_main.x__watch_parent", "os._exit(4)",
+     "an orphaned rank's exit code: its only reader, the launching process, is gone"),
+    ("guide.launcher.rank_main.x__watch_parent", "time.sleep(2.0)",
+     "a slower poll, same outcome"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

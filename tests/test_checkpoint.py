@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -195,6 +196,135 @@ def test_disk_usage_names_a_missing_rank_file(saved) -> None:
 def test_step_dir_rejects_bad_steps(tmp_path: Path, bad) -> None:
     with pytest.raises(ValueError, match="step must be a non-negative integer"):
         checkpoint.step_dir(tmp_path, bad)
+
+
+def test_step_dir_names_sort_in_step_order(tmp_path: Path) -> None:
+    assert checkpoint.step_dir(tmp_path, 0) == tmp_path / "step-000000"
+    assert checkpoint.step_dir(str(tmp_path), 42) == tmp_path / "step-000042"
+    steps = [0, 9, 10, 99, 100, 123456]
+    names = [checkpoint.step_dir(tmp_path, s).name for s in steps]
+    assert sorted(names) == names
+
+
+def _fake_published(path: Path) -> Path:
+    """A directory ``latest`` takes for a published checkpoint: it has a manifest."""
+    path.mkdir()
+    (path / checkpoint.MANIFEST).write_text("{}")
+    return path
+
+
+def test_latest_is_the_newest_published_step(tmp_path: Path) -> None:
+    assert checkpoint.latest(tmp_path) is None  # an empty root
+    for step in (2, 10, 1, 9):
+        _fake_published(checkpoint.step_dir(tmp_path, step))
+    _fake_published(tmp_path / "step-000011.partial")
+    (tmp_path / "step-000012").write_text("a file, not a checkpoint")
+    assert checkpoint.latest(tmp_path) == checkpoint.step_dir(tmp_path, 10)
+    assert checkpoint.latest(str(tmp_path)) == checkpoint.step_dir(tmp_path, 10)
+
+
+def test_gathered_state_names_every_parameter_and_moment(saved) -> None:
+    """The names the checkpoint uses: ``model.<param>`` and ``optim.state.<param>.<state>``."""
+    model, opt = trained()
+    params = [n for n, _ in model.named_parameters()]
+    with_optim = checkpoint.gathered_state(model, opt)
+    assert set(with_optim) == {f"model.{n}" for n in params} | {
+        f"optim.state.{n}.{k}" for n in params for k in ("step", "exp_avg", "exp_avg_sq")}
+    for n, p in model.named_parameters():
+        assert torch.equal(with_optim[f"model.{n}"], p.detach())
+        assert torch.equal(with_optim[f"optim.state.{n}.exp_avg"], opt.state[p]["exp_avg"])
+    assert set(checkpoint.gathered_state(model)) == {f"model.{n}" for n in params}
+
+
+def test_disk_usage_adds_up_every_file_of_a_rank_and_counts_each_record(tmp_path: Path) -> None:
+    """Two writer threads: rank 0's data is in two files. Three records: two tensors and one
+    pickled value."""
+    path = checkpoint.step_dir(tmp_path, 1)
+    with checkpoint.publishing(path) as partial:
+        dcp.save({"a": torch.zeros(10), "b": torch.ones(3, 4), "n": 3}, no_dist=True,
+                 storage_writer=dcp.FileSystemWriter(partial, thread_count=2))
+    shards = [p for p in path.iterdir() if p.suffix == ".distcp"]
+    assert sorted(p.name for p in shards) == ["__0_0.distcp", "__0_1.distcp"]
+    usage = checkpoint.disk_usage(path)
+    assert usage == checkpoint.DiskUsage(
+        file_bytes=(sum(p.stat().st_size for p in shards),), tensor_bytes=((10 + 12) * 4,),
+        entries=(3,), metadata_bytes=(path / ".metadata").stat().st_size)
+    reader = checkpoint.CountingReader(path)
+    for loads in (1, 2):  # a counter: a second load through the same reader adds its bytes
+        state = {"a": torch.empty(10), "b": torch.empty(3, 4), "n": 0}
+        dcp.load(state, storage_reader=reader, no_dist=True)
+        assert reader.bytes_read == loads * usage.file_bytes[0]
+    assert state["n"] == 3 and torch.equal(state["b"], torch.ones(3, 4))
+
+
+def _clear_torchrun_env(monkeypatch) -> None:
+    for key in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def test_job_dir_outside_torchrun_is_a_fresh_directory(monkeypatch, tmp_path: Path) -> None:
+    _clear_torchrun_env(monkeypatch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    a, b = checkpoint.job_dir("demo"), checkpoint.job_dir("demo")
+    assert a != b and a.parent == b.parent == tmp_path
+    for path in (a, b):
+        assert path.is_dir() and not any(path.iterdir()) and path.name.startswith("demo-")
+
+
+def test_job_dir_under_torchrun_is_one_path_that_rank_0_empties(monkeypatch,
+                                                               tmp_path: Path) -> None:
+    """Every rank names the same directory (the run id); rank 0 empties it (a rerun's files are
+    gone), the other ranks leave it alone."""
+    _clear_torchrun_env(monkeypatch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run7")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("RANK", "1")
+    assert checkpoint.job_dir("demo") == tmp_path / "demo-run7"
+    assert not (tmp_path / "demo-run7").exists()  # rank 1 does not create it
+    monkeypatch.setenv("RANK", "0")
+    path = checkpoint.job_dir("demo")
+    assert path == tmp_path / "demo-run7" and path.is_dir() and not any(path.iterdir())
+    (path / "from-an-earlier-run").write_text("stale")
+    monkeypatch.setenv("RANK", "1")
+    assert checkpoint.job_dir("demo") == path and (path / "from-an-earlier-run").exists()
+    monkeypatch.setenv("RANK", "0")
+    assert checkpoint.job_dir("demo") == path and not any(path.iterdir())
+    # torchrun without a run id (a static rendezvous): the master's address and port name the job
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert checkpoint.job_dir("demo") == tmp_path / "demo-127.0.0.1-29500"
+
+
+def test_begin_save_and_publish_errors_read_in_full(saved, tmp_path: Path) -> None:
+    """Each refusal, word for word: what is wrong and what to do instead."""
+    path, _ = saved
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.begin_save(path)
+    assert str(info.value) == (
+        f"{path} exists: a published checkpoint is never overwritten (a save that dies halfway "
+        "through an old checkpoint's directory leaves a silent mix of both steps). Save each step "
+        "into its own directory, e.g. guide.checkpoint.step_dir(root, step).")
+    partial = tmp_path / "step-000007.partial"
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.begin_save(partial)
+    assert str(info.value) == (f"{partial}: give the published name, without '.partial'; "
+                               "begin_save returns the partial directory to write into.")
+    assert checkpoint.begin_save(tmp_path / "step-000007") == partial
+    partial.mkdir()
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.publish(partial)
+    assert str(info.value) == (f"{partial} has no .metadata: dcp.save did not finish (seen by at "
+                               "least one rank); nothing is published.")
+
+
+def test_begin_save_creates_missing_parent_directories(tmp_path: Path) -> None:
+    path = checkpoint.step_dir(tmp_path / "runs" / "today", 1)
+    partial = checkpoint.begin_save(path)
+    assert partial == path.with_name("step-000001.partial") and partial.parent.is_dir()
+    dcp.save({"w": torch.zeros(2)}, checkpoint_id=partial, no_dist=True)
+    assert checkpoint.publish(partial) == path and checkpoint.latest(path.parent) == path
 
 
 # --------------------------------------------------------------------------------------------------
@@ -460,6 +590,130 @@ def test_publish_waits_for_a_slow_rank_to_check_before_renaming(tmp_path: Path) 
     names = guide.launch(_publish_with_a_slow_rank, 2, tmp_path, collective_timeout_s=20)
     assert names[0] == names[1] and ".metadata" in names[0] and checkpoint.MANIFEST in names[0]
     assert checkpoint.latest(tmp_path) == checkpoint.step_dir(tmp_path, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# The same collectives with rank 0 in this process (rank 1 a real process): mutmut sees only what
+# runs in the test's own process, so these are the tests that check the ranks' side of publish.
+
+
+_PEER = """
+import sys, datetime, cloudpickle, torch, torch.distributed as dist
+import guide
+port, path, timeout = int(sys.argv[1]), sys.argv[2], datetime.timedelta(seconds=float(sys.argv[3]))
+fn, args = cloudpickle.loads(open(path, "rb").read())
+store = dist.TCPStore("127.0.0.1", port, timeout=timeout)
+dist.init_process_group("gloo", store=store, rank=1, world_size=2, timeout=timeout)
+fn(guide.Rank(1, 2, torch.device("cpu"), "gloo"), *args)
+dist.destroy_process_group()
+"""
+
+
+def in_two_ranks(tmp_path: Path, fn: Callable, *args, timeout_s: float = 20.0):
+    """``fn(rank, *args)`` as rank 0 here and as rank 1 in a fresh process, one gloo group; returns
+    rank 0's result, and fails if rank 1 failed."""
+    import cloudpickle
+    from datetime import timedelta
+
+    from guide.launcher.local import _loopback_listener
+
+    listener = _loopback_listener()  # as guide.launch does: nothing listens beyond loopback
+    port = listener.getsockname()[1]
+    master = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=timeout_s), master_listen_fd=listener.fileno(),
+                           use_libuv=True)
+    listener.detach()  # the store owns the socket now
+    payload = tmp_path / "peer.pkl"
+    payload.write_bytes(cloudpickle.dumps((fn, args)))
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's sockets too, in both ranks
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    peer = subprocess.Popen([sys.executable, "-c", _PEER, str(port), str(payload),
+                             str(timeout_s)], env=env)
+    try:
+        dist.init_process_group("gloo", store=master, rank=0, world_size=2,
+                                timeout=timedelta(seconds=timeout_s))
+        out = fn(guide.Rank(0, 2, torch.device("cpu"), "gloo"), *args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        del master
+        if ifname is None:
+            del os.environ["GLOO_SOCKET_IFNAME"]
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        try:
+            peer.wait(timeout=3 * timeout_s)
+        except subprocess.TimeoutExpired:
+            peer.kill()
+            peer.wait()
+    assert peer.returncode == 0, f"rank 1 failed (exit {peer.returncode})"
+    return out
+
+
+def _publish_in_own_groups(rank: guide.Rank, root: Path) -> dict:
+    """Each rank saves in a group of its own (a checkpoint per rank), rank 1 twice: publish must use
+    the group it is given (its rank in that group, its barriers), never the world. Also returns the
+    FSDP2-sharded model's gathered state."""
+    groups = [dist.new_group([0]), dist.new_group([1])]  # every rank creates every group
+    mine = groups[rank.rank]
+    model = sharding.apply_fsdp2(build_model(CFG, seed=0),
+                                 init_device_mesh("cpu", (rank.world_size,)))
+    full = checkpoint.gathered_state(model)
+    for step in range(rank.rank + 1):
+        with checkpoint.publishing(checkpoint.step_dir(root / f"rank{rank.rank}", step),
+                                   mine) as partial:
+            dcp.save({"w": torch.full((4,), float(rank.rank))}, checkpoint_id=partial,
+                     process_group=mine)
+    dist.barrier()
+    return full
+
+
+def test_publish_uses_the_group_it_is_given(tmp_path: Path) -> None:
+    stale = tmp_path / "ckpt" / "rank1" / "step-000000.partial"
+    stale.mkdir(parents=True)
+    (stale / "__1_0.distcp").write_bytes(b"left by a save that died")  # not overwritten
+    full = in_two_ranks(tmp_path, _publish_in_own_groups, tmp_path / "ckpt")
+    published = sorted(str(p.relative_to(tmp_path / "ckpt"))
+                       for p in (tmp_path / "ckpt").glob("*/*"))
+    assert published == ["rank0/step-000000", "rank1/step-000000", "rank1/step-000001"]
+    for path in (tmp_path / "ckpt").glob("*/*"):
+        assert sorted(p.name for p in path.iterdir()) == [
+            ".metadata", "__0_0.distcp", checkpoint.MANIFEST]  # the stale file was cleared
+        checkpoint.verify(path)
+    reference = build_model(CFG, seed=0)
+    assert set(full) == {f"model.{n}" for n, _ in reference.named_parameters()}
+    for name, p in reference.named_parameters():  # gathered: full shapes, plain tensors
+        assert type(full[f"model.{name}"]) is torch.Tensor
+        assert torch.equal(full[f"model.{name}"], p.detach()), name
+
+
+def test_publish_waits_for_a_slow_rank_here_too(tmp_path: Path, monkeypatch) -> None:
+    """:func:`test_publish_waits_for_a_slow_rank_to_check_before_renaming`, rank 0 in this
+    process."""
+    monkeypatch.setattr(checkpoint, "_barrier", checkpoint._barrier)  # the worker replaces it
+    names = in_two_ranks(tmp_path, _publish_with_a_slow_rank, tmp_path / "ckpt")
+    assert ".metadata" in names and checkpoint.MANIFEST in names
+    assert checkpoint.latest(tmp_path / "ckpt") == checkpoint.step_dir(tmp_path / "ckpt", 1)
+
+
+def _publish_an_unfinished_save(rank: guide.Rank, root: Path) -> str:
+    """A save that never wrote ``.metadata``: publish must fail on every rank (none waits)."""
+    partial = checkpoint.begin_save(checkpoint.step_dir(root, 1))
+    if rank.is_main:
+        partial.mkdir()
+    dist.barrier()
+    try:
+        checkpoint.publish(partial)
+    except CheckpointError as e:
+        return str(e)
+    raise AssertionError(f"rank {rank.rank} published a save without .metadata")
+
+
+def test_an_unfinished_save_fails_publish_on_every_rank(tmp_path: Path) -> None:
+    message = in_two_ranks(tmp_path, _publish_an_unfinished_save, tmp_path / "ckpt")
+    assert "has no .metadata: dcp.save did not finish" in message
+    assert checkpoint.latest(tmp_path / "ckpt") is None
 
 
 #: What ``python tests/test_checkpoint.py FAULT`` can run: the verify() faults, and a rank killed

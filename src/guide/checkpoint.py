@@ -72,7 +72,7 @@ def job_dir(name: str) -> Path:
     path = Path(tempfile.gettempdir()) / f"{name}-{run_id}"
     if os.environ.get("RANK") == "0":
         shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
+        path.mkdir()  # in gettempdir(), which exists
     return path
 
 
@@ -154,7 +154,7 @@ def latest(root: str | os.PathLike) -> Path | None:
         return None
     done = [p for p in root.iterdir()
             if p.is_dir() and not p.name.endswith(PARTIAL) and (p / MANIFEST).is_file()]
-    return max(done, key=lambda p: p.name, default=None)
+    return max(done, default=None)  # siblings: paths compare by name
 
 
 # --------------------------------------------------------------------------------------------------

@@ -53,8 +53,9 @@ def rank_main(rank: int, spec: Spec) -> None:
     """Entry point of a rank process: join the group, run the worker, write its result, tear down."""
     workdir = Path(spec.workdir)
     stack_file = open(workdir / f"rank{rank}.stack", "w")  # noqa: SIM115 (lives as long as the rank)
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    faulthandler.enable(file=stack_file, all_threads=True)  # a crash leaves its stack here too
+    # every thread's stack (faulthandler's default), on SIGUSR1 and when a fatal signal kills it:
+    faulthandler.register(signal.SIGUSR1, file=stack_file)
+    faulthandler.enable(file=stack_file)
     _watch_parent(spec.parent_pid)
     if spec.loopback:
         os.environ["GLOO_SOCKET_IFNAME"] = spec.loopback  # gloo's own sockets stay on loopback too
@@ -66,8 +67,7 @@ def rank_main(rank: int, spec: Spec) -> None:
         torch.set_num_threads(spec.threads)
         fn, args, kwargs = cloudpickle.loads(spec.payload)
         timeout = timedelta(seconds=spec.collective_timeout_s)
-        store = dist.TCPStore("127.0.0.1", spec.port, spec.world_size, is_master=False,
-                              timeout=timeout)
+        store = dist.TCPStore("127.0.0.1", spec.port, timeout=timeout)  # the parent's, as client
         dist.init_process_group("gloo", store=store, rank=rank, world_size=spec.world_size,
                                 timeout=timeout)
         check_gloo_avg(rank, spec.world_size)
