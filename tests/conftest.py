@@ -35,6 +35,15 @@ def run_python(script: Path, timeout: float = 240, cwd: Path | None = None) -> R
     return Run(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_group_names():
+    """A test that fails to start a world must not rename the next test's (tests/peers.py)."""
+    yield
+    from peers import reset_group_names
+
+    reset_group_names()
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT

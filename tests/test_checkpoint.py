@@ -48,6 +48,8 @@ from guide.data import synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.training import make_optimizer, train_steps
 
+from peers import IMPORT_LIMIT_S, start_peer, wait_imported
+
 pytestmark = [pytest.mark.timeout(120),  # measured: the slowest test 19 s on 2 cores at load 17
               pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # dcp's no_dist notice
@@ -609,9 +611,14 @@ dist.destroy_process_group()
 """
 
 
+#: A test with rank 1 in a fresh process: its imports may take up to IMPORT_LIMIT_S first.
+TWO_RANKS = pytest.mark.timeout(IMPORT_LIMIT_S + 120)
+
+
 def in_two_ranks(tmp_path: Path, fn: Callable, *args, timeout_s: float = 20.0):
     """``fn(rank, *args)`` as rank 0 here and as rank 1 in a fresh process, one gloo group; returns
-    rank 0's result, and fails if rank 1 failed."""
+    rank 0's result, and fails if rank 1 failed. ``timeout_s`` bounds every wait once rank 1 has
+    imported torch (tests/peers.py: its imports alone took 34 s under load)."""
     import cloudpickle
     from datetime import timedelta
 
@@ -627,10 +634,10 @@ def in_two_ranks(tmp_path: Path, fn: Callable, *args, timeout_s: float = 20.0):
     payload.write_bytes(cloudpickle.dumps((fn, args)))
     ifname = os.environ.get("GLOO_SOCKET_IFNAME")
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's sockets too, in both ranks
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    peer = subprocess.Popen([sys.executable, "-c", _PEER, str(port), str(payload),
-                             str(timeout_s)], env=env)
+    ready = tmp_path / "peer.imported"
+    peer = start_peer(_PEER, str(port), str(payload), str(timeout_s), ready=ready)
     try:
+        wait_imported(peer, ready)  # the rendezvous timeout starts once rank 1 can join
         dist.init_process_group("gloo", store=master, rank=0, world_size=2,
                                 timeout=timedelta(seconds=timeout_s))
         out = fn(guide.Rank(0, 2, torch.device("cpu"), "gloo"), *args)
@@ -669,6 +676,7 @@ def _publish_in_own_groups(rank: guide.Rank, root: Path) -> dict:
     return full
 
 
+@TWO_RANKS
 def test_publish_uses_the_group_it_is_given(tmp_path: Path) -> None:
     stale = tmp_path / "ckpt" / "rank1" / "step-000000.partial"
     stale.mkdir(parents=True)
@@ -688,6 +696,7 @@ def test_publish_uses_the_group_it_is_given(tmp_path: Path) -> None:
         assert torch.equal(full[f"model.{name}"], p.detach()), name
 
 
+@TWO_RANKS
 def test_publish_waits_for_a_slow_rank_here_too(tmp_path: Path, monkeypatch) -> None:
     """:func:`test_publish_waits_for_a_slow_rank_to_check_before_renaming`, rank 0 in this
     process."""
@@ -710,6 +719,7 @@ def _publish_an_unfinished_save(rank: guide.Rank, root: Path) -> str:
     raise AssertionError(f"rank {rank.rank} published a save without .metadata")
 
 
+@TWO_RANKS
 def test_an_unfinished_save_fails_publish_on_every_rank(tmp_path: Path) -> None:
     message = in_two_ranks(tmp_path, _publish_an_unfinished_save, tmp_path / "ckpt")
     assert "has no .metadata: dcp.save did not finish" in message

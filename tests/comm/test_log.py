@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,8 @@ from guide.launcher.torch_support import flat_collective_name
 from guide.model import ModelConfig, build_model
 from guide.sharding import apply_fsdp2
 from guide.training import make_optimizer, train_steps
+
+from peers import IMPORT_LIMIT_S, start_peer, wait_imported
 
 
 @pytest.mark.parametrize("call", [
@@ -419,6 +419,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.timeout(IMPORT_LIMIT_S + 120)  # rank 1 imports torch first (tests/peers.py)
 def test_two_ranks_record_the_full_buffer_and_the_group_size(tmp_path):
     """With two ranks the full buffer differs from this rank's part: a list all-gather of 5 elements
     per rank moves 10, a flat one's output is 10, a flat reduce-scatter's input is 6 and a list
@@ -426,8 +427,10 @@ def test_two_ranks_record_the_full_buffer_and_the_group_size(tmp_path):
     and so does DDP over that group (HSDP's shape: DDP over a subgroup), whose hook must reduce over
     DDP's group, not the world."""
     init = f"file://{tmp_path / 'store'}"
-    peer = subprocess.Popen([sys.executable, "-c", _PEER, init])
+    ready = tmp_path / "peer.imported"
+    peer = start_peer(_PEER, init, ready=ready)
     try:
+        wait_imported(peer, ready)  # the 30-s rendezvous starts once rank 1 can join
         dist.init_process_group("gloo", init_method=init, rank=0, world_size=2,
                                 timeout=datetime.timedelta(seconds=30))
         alone = dist.new_group([0])

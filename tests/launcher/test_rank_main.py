@@ -36,6 +36,8 @@ from guide.launcher.local import _loopback_listener
 from guide.launcher.rank import Rank
 from guide.launcher.rank_main import Spec, _watch_parent, rank_main
 
+from peers import IMPORT_LIMIT_S, start_peer, wait_imported
+
 # A rank blocked in a C++ wait (the store, gloo) ignores pytest-timeout's default signal: the
 # thread method ends the session (exit 1) if a test here hangs; measured under load: at most 12 s.
 pytestmark = pytest.mark.timeout(45, method="thread")
@@ -137,13 +139,16 @@ def run_rank0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _peer(rank: int, spec: Spec) -> subprocess.Popen:
-    """Rank ``rank`` of the job as a real process, running rank_main as guide.launch's ranks do."""
+    """Rank ``rank`` of the job as a real process, running rank_main as guide.launch's ranks do;
+    returns once it has imported torch (its rendezvous timeout starts after that, as rank 0's)."""
     path = Path(spec.workdir) / f"spec{rank}.pkl"
     path.write_bytes(cloudpickle.dumps(spec))
     code = ("import sys, cloudpickle; from guide.launcher.rank_main import rank_main; "
             "rank_main(int(sys.argv[1]), cloudpickle.loads(open(sys.argv[2], 'rb').read()))")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen([sys.executable, "-c", code, str(rank), str(path)], env=env)
+    ready = Path(spec.workdir) / f"rank{rank}.imported"
+    peer = start_peer(code, str(rank), str(path), ready=ready)
+    wait_imported(peer, ready)
+    return peer
 
 
 def _watchers() -> list[threading.Thread]:
@@ -220,6 +225,7 @@ def test_a_raising_worker_leaves_its_error_record_and_exits_1(run_rank0) -> None
     assert before <= record["time"] <= time.time()
 
 
+@pytest.mark.timeout(IMPORT_LIMIT_S + 45, method="thread")  # rank 1 imports torch first
 def test_two_ranks_form_one_group_and_each_writes_its_own_result(run_rank0) -> None:
     """Rank 0 here, rank 1 a real process: one group (gloo's AVG check passes, an all-reduce
     sums both ranks), each result in its own file."""
