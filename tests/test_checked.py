@@ -120,3 +120,47 @@ def test_a_conclusion_wraps(capsys) -> None:
     report.conclusion("word " * 100)
     lines = capsys.readouterr().out.splitlines()
     assert max(len(line) for line in lines) <= report.WIDTH and len(lines) > 3
+
+
+# -- Checked itself: the allowance, the zero test, the guard's words, scaling (mutation survivors) --
+
+
+def _match(value: float, reference: float | None, tol: float, rel: bool = False) -> Checked:
+    return Checked(value, check="c", relation="≈", tol=tol, rel=rel, reference=reference)
+
+
+def test_the_allowance_is_absolute_or_relative_to_the_reference_and_only_for_a_match() -> None:
+    assert _match(49.0, 50.0, 0.1, rel=True).allowance() == pytest.approx(5.0)  # 10 % of 50
+    assert _match(49.0, 50.0, 0.5).allowance() == 0.5
+    assert _match(1.0, None, 0.5).allowance() is None  # no reference: nothing to be near
+    bound = Checked(1e-7, check="c", relation="≤", tol=1e-5, reference=3.0)
+    assert bound.allowance() is None  # a bound has no allowance, even beside a reference
+
+
+def test_an_allowance_that_just_reaches_zero_is_refused() -> None:
+    assert _match(0.5, 0.3, 0.3).reaches_zero()  # 0.3 - 0.3 = 0: the check would pass a zero
+    assert _match(0.3, 0.5, 0.3).reaches_zero()  # around the value, too
+    assert not _match(0.5, 0.31, 0.3).reaches_zero()
+
+
+def test_the_guard_names_each_relation_and_formats_the_allowance() -> None:
+    order = Checked(1.0, check="c", relation="<", reference=2.0)
+    assert order.guard() == "ordered: value < reference (1 < 2)"  # names default
+    floor = Checked(5.0, check="floor", relation="≥", tol=1.0, against="a formula")
+    assert floor.guard() == "asserted: floor (5 ≥ 1 vs a formula)"
+    assert _match(2.0, 2.123456, 0.5).guard() == "asserted: c (2 ≈ 2.123 ± 0.5)"
+    assert _match(2.0, 2.1, 0.05, rel=True).guard() == "asserted: c (2 ≈ 2.1 ± 5%)"
+    assert _match(2.0, 2.1, 0.01, rel=True).guard() == "asserted: c (2 ≈ 2.1 ± 1%)"
+    assert _match(2.0, 2.1, 0.001, rel=True).guard() == "asserted: c (2 ≈ 2.1 ± 0.001 relative)"
+    assert repr(_match(2.0, 2.1, 0.5)) == "Checked(2.0, 'asserted: c (2 ≈ 2.1 ± 0.5)')"
+
+
+def test_scaling_scales_absolute_allowances_only_and_refuses_a_bad_factor() -> None:
+    rel = _match(2.0, 2.1, 0.1, rel=True).scaled(1000.0, "m")
+    assert (rel, rel.reference, rel.tol) == (2000.0, 2100.0, 0.1)  # 10 % stays 10 %
+    for relation in ("≤", "≥"):
+        bound = Checked(2.0, check="c", relation=relation, tol=4.0).scaled(0.5, "half")
+        assert (bound, bound.tol, bound.unit) == (1.0, 2.0, "half")
+    for factor in (-1.0, 0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=f"factor {factor} must be positive and finite"):
+            _match(2.0, 2.1, 0.5).scaled(factor, "x")
