@@ -78,6 +78,18 @@ def test_check_wire_tolerance_edge(written, raises):
         assert checks.check_wire("w", [200, 2 * written], 100.0, steps=2) == [100.0, written]
 
 
+def test_check_wire_returns_each_ranks_bytes_checked_against_the_model():
+    """What a page records: each value carries the check, the run, the unit, the model's bytes and
+    the relative allowance (mutants that dropped any of them survived the tests above)."""
+    got = checks.check_wire("FSDP2 x2", [2000, 2040], 1000.0, steps=2)
+    assert got == [1000.0, 1020.0]
+    for w in got:
+        assert (w.check, w.run, w.unit, w.relation, w.tol, w.rel, w.reference, w.against) == (
+            "comm wire", "FSDP2 x2", "B/step", "≈", 0.02, True, 1000.0, "the gloo model")
+    assert got[1].guard() == "asserted: comm wire (1020 ≈ 1000 ± 2% vs the gloo model)"
+    assert got[1].allowance() == pytest.approx(20.0)
+
+
 def test_check_wire_needs_readings():
     with pytest.raises(CheckFailed, match="not readable"):
         checks.check_wire("w", [200, None], 100.0, steps=2)
