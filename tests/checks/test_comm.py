@@ -78,6 +78,17 @@ def test_check_wire_tolerance_edge(written, raises):
         assert checks.check_wire("w", [200, 2 * written], 100.0, steps=2) == [100.0, written]
 
 
+def test_check_volume_returns_each_kinds_elements_checked_against_the_model():
+    """What a page records: the measured elements per step carry the check, the run, the unit, the
+    model's count and the relative allowance."""
+    step = comm.fsdp2_step([FSDPGroup(((4, 3),)), FSDPGroup(((5,),))], 2)
+    m, e, gap = checks.check_volume("FSDP2 x2", step * 3, step, steps=3)[("all_gather", "float32")]
+    assert (m, e, gap) == (36.0, 36, 0.0)
+    assert (m.check, m.run, m.unit, m.relation, m.tol, m.rel, m.reference, m.against) == (
+        "comm volume", "FSDP2 x2", "elements/step", "≈", 0.02, True, 36, "guide.comm.expected")
+    assert m.guard() == "asserted: comm volume (36 ≈ 36 ± 2% vs guide.comm.expected)"
+
+
 def test_check_wire_returns_each_ranks_bytes_checked_against_the_model():
     """What a page records: each value carries the check, the run, the unit, the model's bytes and
     the relative allowance (mutants that dropped any of them survived the tests above)."""
