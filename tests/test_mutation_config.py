@@ -4,24 +4,16 @@ three checks' tolerances moved to guide.comm.checks and the run exited on "occur
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+import benchmark_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _mutation():
-    spec = importlib.util.spec_from_file_location("mutation", ROOT / "benchmarks" / "mutation.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mutation"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mutation = _mutation()
+mutation = benchmark_script.load("mutation")
 
 
 @pytest.mark.parametrize("m", mutation.HAND_MUTANTS, ids=lambda m: f"{m.path}:{m.new[:40]}")

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+import benchmark_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _soak():
-    spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _soak()
+soak = benchmark_script.load("soak")
 
 
 def test_every_executed_page_is_soaked():
