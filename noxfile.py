@@ -39,6 +39,14 @@ CONSTRAINTS = ("-c", "constraints.txt")
 ENV = {"OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
 
 
+def _workers() -> list[str]:
+    """pytest-xdist options for the test suite: one worker per core, at most 4 (a test starts up to
+    8 rank processes of about 0.4 GB each), whole files per worker (module fixtures run once).
+    Serially the suite keeps 0.7 of one core busy: its ranks mostly wait on each other and on
+    imports. ``nox -s tests -- -n 0`` runs it in one process."""
+    return ["-n", str(min(4, os.cpu_count() or 1)), "--dist", "loadfile"]
+
+
 def _require_supported_python(session: nox.Session) -> None:
     """Fail (never skip) on a Python the project does not support."""
     ask = ("python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
@@ -71,7 +79,7 @@ def docs(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Run the test suite (launcher, checks with injected faults, models, docs plumbing)."""
     _install(session, "docs,test")
-    session.run("pytest", *session.posargs, env=ENV)
+    session.run("pytest", *_workers(), *session.posargs, env=ENV)
 
 
 @nox.session
@@ -141,8 +149,8 @@ def compat(session: nox.Session, torch: str) -> None:
     started = time.monotonic()
     skip = ([f"--ignore=tests/{f}" for f in ("test_faults.py", "test_site.py",
                                               "test_example_modes.py")] if quick else [])
-    tests = session.run("pytest", "-q", "-p", "no:cacheprovider", *skip, *session.posargs,
-                        env=ENV, silent=True)
+    tests = session.run("pytest", "-q", "-p", "no:cacheprovider", *_workers(), *skip,
+                        *session.posargs, env=ENV, silent=True)
     print(tests[-2000:])
     summary = tests.strip().splitlines()[-1].strip("= ")
     examples = (["examples/plot_ddp_vs_fsdp2.py"] if quick

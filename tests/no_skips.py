@@ -68,6 +68,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _pending.append(f"{report.nodeid}: {reason}")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """Under pytest-xdist the workers collect and deselect; each sends its counts (the same in every
+    worker: each collects every test) to the controller, which prints the summary."""
+    node.config.stash[_DESELECTED].update(getattr(node, "workeroutput", {}).get(_WORKER_KEY, {}))
+
+
+_WORKER_KEY = "guide_deselected"
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     for why, count in config.stash[_DESELECTED].items():
         terminalreporter.write_line(f"deselected {count} {why}")
@@ -81,5 +91,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: report to the controller
+        session.config.workeroutput[_WORKER_KEY] = dict(session.config.stash[_DESELECTED])
     if _pending and os.environ.get("GUIDE_ALLOW_SKIPS") != "1" and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

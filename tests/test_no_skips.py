@@ -24,13 +24,13 @@ def test_on_a_gpu():
 '''
 
 
-def inner_pytest(tmp_path: Path, body: str, **env: str) -> subprocess.CompletedProcess:
+def inner_pytest(tmp_path: Path, body: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     (tmp_path / "test_inner.py").write_text(SUITE + body)
     full_env = {k: v for k, v in os.environ.items()
                 if k not in ("GUIDE_SITE_TESTS", "GUIDE_ALLOW_SKIPS")}
     full_env.update(env, PYTHONPATH=str(TESTS), CUDA_VISIBLE_DEVICES="")
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no_skips", "-p", "no:cacheprovider",
-                           "-q", str(tmp_path)], cwd=tmp_path, env=full_env, capture_output=True,
+                           "-q", *args, str(tmp_path)], cwd=tmp_path, env=full_env, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -61,3 +61,19 @@ def test_site_and_cuda_tests_are_deselected_with_a_reason(tmp_path: Path) -> Non
 def test_an_enabled_site_group_is_collected(tmp_path: Path) -> None:
     run = inner_pytest(tmp_path, "", GUIDE_SITE_TESTS="browser")
     assert "2 passed, 1 deselected" in run.stdout, run.stdout
+
+
+# nox -s tests runs the suite on pytest-xdist workers (noxfile._workers): the workers collect,
+# deselect and run; the controller must still fail the run on a skip and print the reasons.
+def test_under_xdist_a_skip_still_fails_the_run_naming_it(tmp_path: Path) -> None:
+    run = inner_pytest(tmp_path, "\ndef test_needs_a_tool():\n    pytest.skip('no chromium')\n",
+                       "-n", "2")
+    assert run.returncode == 1, run.stdout
+    assert "test_inner.py::test_needs_a_tool" in run.stdout and "no chromium" in run.stdout
+
+
+def test_under_xdist_the_deselected_tests_are_counted_once_with_their_reason(tmp_path: Path) -> None:
+    run = inner_pytest(tmp_path, "", "-n", "2")
+    assert run.returncode == 0, run.stdout
+    assert "deselected 1 browser tests" in run.stdout, run.stdout
+    assert "deselected 1 CUDA tests (no GPU on this machine)" in run.stdout, run.stdout
