@@ -13,10 +13,12 @@ missing ``X`` is an error (``error_on_missing_interpreters``), and so is an unsu
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nox
@@ -61,9 +63,29 @@ def _require_supported_python(session: nox.Session) -> None:
                       f"(e.g. `pipx run --python python3.12 nox -s {session.name}`).")
 
 
+@contextlib.contextmanager
+def _one_install_at_a_time() -> Iterator[None]:
+    """Hold a lock on .nox/install.lock while pip installs this checkout: an editable install
+    writes src/*.egg-info and build/ in the tree, and two sessions started at once (CI runs its
+    lanes side by side, .ci/run) must not write them together. No lock where fcntl is missing."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    Path(".nox").mkdir(exist_ok=True)
+    with open(".nox/install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _install(session: nox.Session, extras: str) -> None:
     _require_supported_python(session)
-    session.install(*CONSTRAINTS, "-e", f".[{extras}]")
+    with _one_install_at_a_time():
+        session.install(*CONSTRAINTS, "-e", f".[{extras}]")
 
 
 @nox.session
@@ -77,7 +99,8 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite (launcher, checks with injected faults, models, docs plumbing)."""
+    """Run the test suite (launcher, checks with injected faults, models, docs plumbing) on one
+    pytest-xdist worker per core, at most 4 (``-- -n 0``: one process; see :func:`_workers`)."""
     _install(session, "docs,test")
     session.run("pytest", *_workers(), *session.posargs, env=ENV)
 
@@ -139,7 +162,10 @@ def compat(session: nox.Session, torch: str) -> None:
     running, which the default torch covers) and the main example only.
     """
     _require_supported_python(session)
-    session.install("-c", _constraints_without_torch(session), f"torch=={torch}", "-e", ".[docs,test]")
+    constraints = _constraints_without_torch(session)
+    session.install("-c", constraints, f"torch=={torch}")  # the GB-sized wheel: nothing in the tree
+    with _one_install_at_a_time():
+        session.install("-c", constraints, f"torch=={torch}", "-e", ".[docs,test]")
     versions = session.run("python", "-c", "import torch, sys; print(sys.version.split()[0], "
                            "torch.__version__)", silent=True)
     if versions is None:  # --install-only: nothing ran
@@ -183,7 +209,8 @@ def mutation(session: nox.Session) -> None:
     and docs/ledger_ext.py (benchmarks/mutation.py's SCOPE): each mutant is a one-line bug; a
     surviving mutant is a check nobody tests. Slow (see README); not part of CI."""
     _install(session, "docs,test")
-    session.install(*CONSTRAINTS, "mutmut")
+    with _one_install_at_a_time():
+        session.install(*CONSTRAINTS, "mutmut")
     session.run("python", "benchmarks/mutation.py", *session.posargs, env=ENV)
 
 

@@ -792,8 +792,15 @@ def fresh_venv(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("reader") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
+    # Built from a copy of the sources: a build in the checkout writes build/ and src/*.egg-info,
+    # which a nox session installing at the same time (CI's lanes) writes too.
+    source = venv.parent / "source"
+    shutil.copytree(ROOT / "src", source / "src",
+                    ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-c",
-                    str(ROOT / "constraints.txt"), str(ROOT), "ipykernel", "nbclient", "nbformat"],
+                    str(ROOT / "constraints.txt"), str(source), "ipykernel", "nbclient", "nbformat"],
                    check=True, cwd=venv.parent, timeout=900)
     check = subprocess.run([str(python), "-c", "import guide, sys; print(guide.__file__)"],
                            capture_output=True, text=True, check=True, cwd=venv.parent)
