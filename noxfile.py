@@ -45,8 +45,14 @@ def _workers() -> list[str]:
     """pytest-xdist options for the test suite: one worker per core, at most 4 (a test starts up to
     8 rank processes of about 0.4 GB each), whole files per worker (module fixtures run once).
     Serially the suite keeps 0.7 of one core busy: its ranks mostly wait on each other and on
-    imports. ``nox -s tests -- -n 0`` runs it in one process."""
-    return ["-n", str(min(4, os.cpu_count() or 1)), "--dist", "loadfile"]
+    imports. ``GUIDE_TEST_WORKERS=N`` sets the count (1: one process, no xdist; CI's compat lane
+    runs beside the other sessions with 1); ``nox -s tests -- -n 0`` works too."""
+    asked = os.environ.get("GUIDE_TEST_WORKERS", "").strip()
+    if asked and not (asked.isdigit() and int(asked) >= 1):
+        raise ValueError(f"GUIDE_TEST_WORKERS={asked!r}: give a whole number of pytest workers, "
+                         "at least 1 (1 runs the suite in one process)")
+    workers = int(asked) if asked else min(4, os.cpu_count() or 1)
+    return ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
 
 
 def _require_supported_python(session: nox.Session) -> None:
@@ -128,7 +134,7 @@ def browser(session: nox.Session) -> None:
     browser."""
     _install(session, "docs,test,browser")
     session.run("pytest", "tests/test_site.py", "tests/test_calculator_widget.py", "-k", "browser",
-                *session.posargs,
+                *_workers(), *session.posargs,
                 env={**ENV, "GUIDE_SITE_TESTS": "browser"})
 
 
