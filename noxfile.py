@@ -202,11 +202,16 @@ def compat(session: nox.Session, torch: str) -> None:
 
 def _record_compat(run: dict) -> None:
     """Keep the newest run per (python, torch) in docs/compat_runs.json: the install page states
-    the versions that were run from this file, not from memory."""
-    path = Path("docs/compat_runs.json")
-    runs = json.loads(path.read_text()) if path.exists() else []
+    the versions that were run from this file, not from memory. ``GUIDE_COMPAT_RECORD=path``
+    records elsewhere: CI's compat lane runs while the docs build reads this file, and the site
+    must show the committed record, whole. The file is replaced at once, never half written."""
+    path = Path(os.environ.get("GUIDE_COMPAT_RECORD") or "docs/compat_runs.json")
+    runs = json.loads(path.read_text()) if path.exists() and path.stat().st_size else []
     runs = [r for r in runs if (r["python"], r["torch"]) != (run["python"], run["torch"])] + [run]
-    path.write_text(json.dumps(sorted(runs, key=lambda r: (r["torch"], r["python"])), indent=1) + "\n")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(sorted(runs, key=lambda r: (r["torch"], r["python"])), indent=1)
+                       + "\n")
+    os.replace(partial, path)
 
 
 @nox.session
