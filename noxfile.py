@@ -72,8 +72,8 @@ def _require_supported_python(session: nox.Session) -> None:
 @contextlib.contextmanager
 def _one_install_at_a_time() -> Iterator[None]:
     """Hold a lock on .nox/install.lock while pip installs this checkout: an editable install
-    writes src/*.egg-info and build/ in the tree, and two sessions started at once (CI runs its
-    lanes side by side, .ci/run) must not write them together. No lock where fcntl is missing."""
+    writes src/*.egg-info and build/ in the tree, and two sessions installing at once (CI's compat
+    lane beside the others, .ci/run) must not write them together. No lock without fcntl."""
     try:
         import fcntl
     except ImportError:  # Windows
@@ -220,8 +220,7 @@ def mutation(session: nox.Session) -> None:
     and docs/ledger_ext.py (benchmarks/mutation.py's SCOPE): each mutant is a one-line bug; a
     surviving mutant is a check nobody tests. Slow (see README); not part of CI."""
     _install(session, "docs,test")
-    with _one_install_at_a_time():
-        session.install(*CONSTRAINTS, "mutmut")
+    session.install(*CONSTRAINTS, "mutmut")
     session.run("python", "benchmarks/mutation.py", *session.posargs, env=ENV)
 
 
