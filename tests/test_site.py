@@ -793,7 +793,7 @@ def fresh_venv(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     # Built from a copy of the sources: a build in the checkout writes build/ and src/*.egg-info,
-    # which a nox session installing at the same time (CI's lanes) writes too.
+    # which a nox session installing at the same time (CI's compat lane) writes too.
     source = venv.parent / "source"
     shutil.copytree(ROOT / "src", source / "src",
                     ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
