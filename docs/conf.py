@@ -58,7 +58,9 @@ sphinx_gallery_conf = {
     # The landing page's cards (minigallery) in the same order.
     "minigallery_sort_order": "gallery_order.story_position",
     "ignore_pattern": r"__init__\.py|/_",
-    "image_scrapers": ("matplotlib",),
+    # Figures, then the tables report.show displayed in the block (an HTML table wherever it
+    # stands in a cell; sphinx-gallery alone shows only a cell's last value).
+    "image_scrapers": ("matplotlib", "guide.report.gallery_scraper"),
     "reset_modules": ("matplotlib",),
     "min_reported_time": 1,
     "download_all_examples": True,

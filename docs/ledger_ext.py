@@ -16,6 +16,9 @@
   ledger lacks (:mod:`guide.rendered`): ``ledger_scan = "report"`` writes
   ``<outdir>/../unrecorded.json`` and logs a one-line summary; ``"strict"`` fails the build naming
   each page and number; ``"off"`` skips the scan.
+* Before the scan, every table a page recorded must be on its rendered page
+  (:mod:`guide.rendered_tables`): a recorded table that vanished fails the build naming page and
+  table, whatever ``ledger_scan`` says.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from docutils import nodes
 from sphinx.errors import ExtensionError
 from sphinx.util import logging
 
-from guide import claims, rendered
+from guide import claims, rendered, rendered_tables
 
 logger = logging.getLogger(__name__)
 _ROLE = re.compile(r"^\s*(?P<name>[^\s<]+)\s*(?:<(?P<unit>[^<>]+)>)?\s*$")
@@ -42,8 +45,9 @@ def _configure(app, config) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     os.environ[claims.LEDGER_ENV] = str(directory)
     srcdir = Path(app.srcdir)
-    for path in directory.glob("*.jsonl"):
-        page = path.stem.replace("__", "/")
+    for path in [*directory.glob("*.jsonl"), *directory.glob(f"*{claims.TABLES_SUFFIX}")]:
+        page = path.name.removesuffix(claims.TABLES_SUFFIX).removesuffix(".jsonl")
+        page = page.replace("__", "/")
         sources = [srcdir / f"{page}.md", srcdir / f"{page}.rst",
                    *(Path(d if os.path.isabs(d) else srcdir / d) / f"{page}.py"
                      for d in _gallery_dirs(config))]
@@ -137,6 +141,11 @@ def _check(app, exception) -> None:
         return
     outdir = Path(app.outdir)
     _ledger_files(outdir, records)
+    vanished = rendered_tables.missing_tables(outdir, claims.load_tables(
+        os.environ[claims.LEDGER_ENV]))
+    if vanished:
+        raise ExtensionError("[ledger] recorded tables missing from their rendered pages:\n" +
+                             "\n".join(f"- {m}" for m in vanished))
     mode = app.config.ledger_scan
     if mode == "off":
         return

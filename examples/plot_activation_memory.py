@@ -124,7 +124,7 @@ S, B = 64, 2  # tokens per sequence, sequences in the micro-batch
 saved, _ = saved_by_block(BASE, batch=B, seq=S)
 n_storages = ledger.claim(f"tinylm.block.sdpa.s{S}-b{B}.storages", len(saved.storages),
                           "storages", model=repr(BASE))  # counted by the hooks
-print(table([(s.shape, s.dtype, s.nbytes) for s in saved.storages],
+show(table([(s.shape, s.dtype, s.nbytes) for s in saved.storages],
             ["shape", "dtype", "bytes"], record=ledger,
             name=f"tinylm.block.sdpa.s{S}-b{B}.storage",
             keys=[f"n{i}" for i in range(len(saved.storages))],
@@ -146,7 +146,7 @@ shape = f"s={S} b={B} h={BASE.d_model} a={BASE.n_heads}"
 derived = ledger.record(f"tinylm.block.sdpa.s{S}-b{B}.saved_bytes", checks.expect_close(
     "activation formula", f"SDPA, {shape}", derived, saved.nbytes, 0, "saved bytes",
     against="the bytes autograd saved"), "bytes", fmt=".0f", model=repr(BASE))
-print(table([(t.name, t.tinylm, t.korthikanti) for t in terms]
+show(table([(t.name, t.tinylm, t.korthikanti) for t in terms]
             + [("total", derived, sum(t.korthikanti for t in terms))],
             [f"term (one layer, {shape})", "TinyLM bytes", "Korthikanti bytes"],
             record=ledger, name=f"tinylm.block.sdpa.s{S}-b{B}.terms",
@@ -182,7 +182,7 @@ for attention in ("sdpa", "explicit"):
         korth = korthikanti_layer_bytes(s, b, h, a, fused_attention=attention == "sdpa")
         rows.append((attention, s, b, h, a, measured, derived, korth,
                      korth / measured - 1))
-print(table(rows, ["attention", "s", "b", "h", "a", "measured B", "derived B",
+show(table(rows, ["attention", "s", "b", "h", "a", "measured B", "derived B",
                    "Korthikanti B", "Korthikanti error"],
             formats={"Korthikanti error": "+.0%"}, record=ledger, name="tinylm.block.shapes",
             keys=[f"{r[0]}.s{r[1]}-b{r[2]}-h{r[3]}-a{r[4]}" for r in rows]))
@@ -431,9 +431,11 @@ for rank, res in enumerate(results):
                   f"checkpointed blocks saved {res['checkpointed']['saved']:,} B, "
                   f"{L} block inputs are {want_ckpt:,} B")
     checks.assert_losses_match(f"checkpointed, {run}", res["plain"]["losses"],
-                               res["checkpointed"]["losses"], tol=0.0)
+                               res["checkpointed"]["losses"], tol=0.0,
+                               against=f"the same ranks without checkpointing, {run}")
     checks.assert_params_match(f"checkpointed, {run}", res["plain"]["state"],
-                               res["checkpointed"]["state"], tol=0.0)
+                               res["checkpointed"]["state"], tol=0.0,
+                               against=f"the same ranks without checkpointing, {run}")
     checks.expect("one extra forward", run,
                   res["checkpointed"]["forwards_per_step"] == 2 * L
                   and res["plain"]["forwards_per_step"] == L,
@@ -691,7 +693,7 @@ for key, row in MODELS.items():
                      gb(key, "deepspeed", DS_A * n_params / n + DS_C * largest)
                      if sharded else None,
                      gb(key, "accelerate", ACC * load * n_params, load_bytes=load)))
-print(table(est_rows, COLS, formats={c: ".2f" for c in COLS[1:]}, record=ledger,
+show(table(est_rows, COLS, formats={c: ".2f" for c in COLS[1:]}, record=ledger,
             name="estimators.table"))
 k8 = f"llama-3.1-8b.fsdp2.n{N8}"
 # AdamW's 0-d step counters; FSDP2's rows beyond an even split (fp32)
@@ -762,7 +764,7 @@ PUBLISHED = {  # key: (label, measured bytes, model key in MODELS, seq_len, micr
                                     LT["full_shard.memory"] * MiB,
                                     f"lightning-demo.fsdp2.n{N2}", None, 1),
 }
-print(table([(label, seq or LT["seq_len"], micro, measured / GiB)
+show(table([(label, seq or LT["seq_len"], micro, measured / GiB)
              for label, measured, _, seq, micro in PUBLISHED.values()],
             ["published (cited)", "tokens per sequence", "sequences per GPU",
              "measured GiB"], formats={"measured GiB": ".1f"}, record=ledger,
@@ -791,7 +793,7 @@ for key, (label, measured, model, seq, micro) in PUBLISHED.items():
     pub_rows.append(row)
 COLS = ["per GPU (GiB)", "measured", "state", "err state", "+ act, no AC", "err no AC",
         "+ act, full AC", "err full AC"]
-print(table(pub_rows, COLS, formats={c: ("+.0%" if c.startswith("err") else ".1f")
+show(table(pub_rows, COLS, formats={c: ("+.0%" if c.startswith("err") else ".1f")
                                      for c in COLS[1:]}, record=ledger, name="published.table"))
 batch, seq = TT["local_batch"], TT["seq_len"]
 logits = ledger.claim("llama-3.1-8b.fp32_logits",

@@ -422,7 +422,8 @@ def share_read(layout: str, n: int, bytes_read: int) -> checks.Checked:
 rows = []
 for (layout, n), res in results.items():
     checks.assert_params_match(f"FSDP2 x{SOURCE_N} -> {name(layout, n)}", src["saved"],
-                               res["loaded"], 0.0, check="checkpoint round trip")
+                               res["loaded"], 0.0, check="checkpoint round trip",
+                               against=f"the saved FSDP2 x{SOURCE_N} state")
     rows.append([name(layout, n), res["placements"],
                  worst(src["saved"], res["loaded"], "model."),
                  worst(src["saved"], res["loaded"], "optim."), res["bytes_read"],
@@ -487,10 +488,11 @@ for (layout, n), res in results.items():
     run, same = f"resume: {name(layout, n)}", layout == "FSDP2" and n == SOURCE_N
     want = src["uninterrupted"] if same else params_after
     loss_gap = checks.assert_losses_match(run, src["losses"][K:], res["losses"],
-                                          0.0 if same else checks.LOSS_TOL)
+                                          0.0 if same else checks.LOSS_TOL,
+                                          against="the uninterrupted run")
     resumed = {k: res["resumed"][k] for k in want}
     param_gap = checks.assert_params_match(run, want, resumed, 0.0 if same else TOL,
-                                           check=RESUMES)
+                                           check=RESUMES, against="the uninterrupted run")
     tolerance = "0 (bitwise)" if same else f"{TOL:.0e}"
     rows.append([name(layout, n), tolerance, loss_gap, param_gap])
 forgot_gap = worst(params_after, forgot["resumed"], "model.")
@@ -612,7 +614,7 @@ set_state_dict(model, opt, model_state_dict=plain["model"],
                optim_state_dict=plain["optim"])
 checks.assert_params_match("torch.load(full.pt, weights_only=True)", src["saved"],
                            checkpoint.gathered_state(model, opt), 0.0,
-                           check="full state dict")
+                           check="full state dict", against=f"the saved FSDP2 x{SOURCE_N} state")
 
 # under torchrun: one directory per rank
 HERE = ROOT / f"process-{dist.get_rank() if dist.is_initialized() else 0}"
@@ -622,7 +624,7 @@ converted = torch.load(HERE / "converted.pt", weights_only=True)
 converted = checkpoint.flat_tensors(converted)
 checks.assert_params_match("dcp_to_torch_save", src["saved"],
                            {k: converted[k] for k in src["saved"]}, 0.0,
-                           check="format conversion")
+                           check="format conversion", against=f"the saved FSDP2 x{SOURCE_N} state")
 torch_save_to_dcp(ROOT / "full.pt", HERE / "from-torch-save")
 model, opt = build(SINGLE, "1 process", seed=1)
 msd, osd = get_state_dict(model, opt)
@@ -631,7 +633,7 @@ checkpoint.verify(HERE / "from-torch-save", {"model": msd, "optim": osd},
 load(model, opt, HERE / "from-torch-save", no_dist=True)
 checks.assert_params_match("torch_save_to_dcp", src["saved"],
                            checkpoint.gathered_state(model, opt), 0.0,
-                           check="format conversion")
+                           check="format conversion", against=f"the saved FSDP2 x{SOURCE_N} state")
 print("full.pt, dcp_to_torch_save and torch_save_to_dcp: each equals the sharded save, "
       "bitwise")
 
@@ -649,7 +651,7 @@ model, opt = build(SINGLE, "1 process", seed=1)
 load_verified(model, opt, ROOT / "async", no_dist=True)
 checks.assert_params_match("async_save, then training went on", src["saved"],
                            checkpoint.gathered_state(model, opt), 0.0,
-                           check="async checkpoint")
+                           check="async checkpoint", against="the state saved before training went on")
 order = checks.expect_order("async_save", f"BIG, FSDP2 x{SOURCE_N}",
                            big["async_save_returned_s"] * 1e3, big["save_returned_s"] * 1e3,
                            low_name="async_save returned", high_name="dcp.save returned",
@@ -688,7 +690,8 @@ checks.expect("meta-device trap", "CPU mesh",
               "the ranks' local shards differ: DTensor's CPU random ops "
               "changed.")
 checks.assert_params_match("meta + broadcast_from_rank0", reference_init,
-                           meta[0]["fixed"], 0.0, check="meta-device init")
+                           meta[0]["fixed"], 0.0, check="meta-device init",
+                           against="one process's seeded model")
 # Computed: the check above only orders it above 0 (and not on one rank); its size has no
 # independent value.
 trap_gap = ledger.claim("checkpoint.meta_init.trap_gap", round(trap_gap, 2), "absolute",

@@ -77,7 +77,7 @@ from guide.data import rank_slice, synthetic_batches
 from guide.memory import PeakMemory, current_bytes, prepare, release_freed_heap
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
-from guide.report import table
+from guide.report import show, table
 from guide.sharding import Strategy
 from guide.training import make_optimizer, next_token_loss
 
@@ -249,7 +249,7 @@ tols = {name: ledger.claim(f"tolerance.depth.{name}", v, unit) for name, v, unit
     ("residual_floor", RESID_FLOOR_MIB, "MiB"), ("slope", SLOPE_TOL, "fraction"),
     ("remainder", REMAINDER_MAX, "b"), ("ratio", RATIO_TOL, "fraction"))}
 COLS = ["run", "step slope", "held slope", "5b or 4b/N", "intercept", "max residual"]
-print(table(rows, COLS, formats={c: ".3f" for c in COLS[1:]} | {"intercept": ".1f"},
+show(table(rows, COLS, formats={c: ".3f" for c in COLS[1:]} | {"intercept": ".1f"},
             title=f"measured, MiB per block (intercept: MiB); b = {b_mib:.3f} MiB, "
                   f"tolerances: residual {tols['residual']:.0%} of the rise or "
                   f"{tols['residual_floor']} MiB, slopes {tols['slope']:.0%}, "
@@ -292,7 +292,7 @@ for (s, n), (step_slope, _, _, _, backward_slope) in fits.items():
             ("backward_remainder", backward_slope - state, "backward slope"),
             ("step_slope", step_slope, "step slope")))))
 PHASE_COLS = ["run", "backward slope", "3b or 2b/N", "the rest", "step slope"]
-print(table(phase_rows, PHASE_COLS, formats={c: ".3f" for c in PHASE_COLS[1:]},
+show(table(phase_rows, PHASE_COLS, formats={c: ".3f" for c in PHASE_COLS[1:]},
             title="the first step's two phases, measured, MiB per block"))
 
 # %%
@@ -323,7 +323,7 @@ for n in NS:
                           ("held_state_growth_model", 1.25 * n), ("folklore", float(n)))))
 RATIO_COLS = ["world size", "peak: measured", "peak: model", "held: 5b/(4b/N)",
               "folklore: N"]
-print(table([(f"N={n}", *v) for n, v in ratios.items()], RATIO_COLS,
+show(table([(f"N={n}", *v) for n, v in ratios.items()], RATIO_COLS,
             formats={c: ".2f" for c in RATIO_COLS[1:]},
             title="how many times faster DDP's per-rank peak grows with depth than "
                   "FSDP2's, first step"))

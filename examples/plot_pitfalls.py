@@ -202,10 +202,10 @@ curves = {way: mean_over_ranks([res[key]["losses"] for res in results])
 curves["1 process"] = ONE_BATCH_REFERENCE[0]
 checks.assert_learns(run + " (fixed)", curves["fully_shard first"])
 checks.assert_losses_match(run + " (fixed)", curves["1 process"],
-                           curves["fully_shard first"])
+                           curves["fully_shard first"], against=checks.SINGLE_PROCESS)
 checks.assert_params_match(run + " (fixed)", ONE_BATCH_REFERENCE[1], right["after"],
-                           checks.PARAM_TOL["sgd"])
-print(report.table([[s, *(c[s] for c in curves.values())]
+                           checks.PARAM_TOL["sgd"], against=checks.SINGLE_PROCESS)
+report.show(report.table([[s, *(c[s] for c in curves.values())]
                     for s in range(len(ONE_BATCH))],
                    ["step", *curves], formats=dict.fromkeys(curves, ".4f"),
                    title=f"loss on the same global batch (mean over ranks), "
@@ -347,9 +347,10 @@ for r, res in enumerate(results):
 checks.assert_learns(run + " (fixed)", R["2"]["losses"])
 tied_losses = mean_over_ranks([res["2"]["losses"] for res in results])
 tied_loss_gap = checks.assert_losses_match(run + " (fixed)", TIED_REFERENCE[0],
-                                           tied_losses)
+                                           tied_losses, against=checks.SINGLE_PROCESS)
 tied_param_gap = checks.assert_params_match(run + " (fixed)", TIED_REFERENCE[1],
-                                            R["2"]["params"], checks.PARAM_TOL["sgd"])
+                                            R["2"]["params"], checks.PARAM_TOL["sgd"],
+                                            against=checks.SINGLE_PROCESS)
 tied_loss_gap = gap("tied_embeddings.fixed.loss_gap", tied_loss_gap, "nats",
                     "loss equivalence", steps=STEPS)
 tied_param_gap = gap("tied_embeddings.fixed.param_gap", tied_param_gap, "absolute",
@@ -478,17 +479,18 @@ checks.expect("hidden by no reshard", run,
               f"backward failed: {res['in place, no reshard']['messages']}")
 hidden_gap = checks.assert_params_match(
     run + ", reshard_after_forward=False", RESIDUAL_REFERENCE,
-    res["in place, no reshard"]["grads"], GRAD_TOL, check="gradients")
+    res["in place, no reshard"]["grads"], GRAD_TOL, check="gradients",
+    against="one process's gradients")
 fixed_gap = checks.assert_params_match(run + " (fixed)", RESIDUAL_REFERENCE,
                                        res["out of place"]["grads"], GRAD_TOL,
-                                       check="gradients")
+                                       check="gradients", against="one process's gradients")
 RESIDUAL = dict(model="residual-3-linear", optimizer="none")
 gaps = {"in place": "raised",
         "in place, no reshard": gap("inplace_output.no_reshard.grad_gap", hidden_gap,
                                     "absolute", "gradients", **RESIDUAL),
         "out of place": gap("inplace_output.fixed.grad_gap", fixed_gap, "absolute",
                             "gradients", **RESIDUAL)}
-print(report.table([[name, ", ".join(r["grad types"] or ["-"]), gaps[name]]
+report.show(report.table([[name, ", ".join(r["grad types"] or ["-"]), gaps[name]]
                     for name, r in res.items()],
                    ["run", "gradient types", "max |Δgrad|"],
                    formats={"max |Δgrad|": ".1e"}))
@@ -556,7 +558,7 @@ for name, ref in NORM_REFERENCE.items():
                         checks.LOSS_TOL, what=f"{name}.grad.norm().full_tensor()")
     rows.append([name, ref, R["4"]["full"][name], *local])
 norms = ["1 process", "full_tensor()", *(f"to_local() r{r}" for r in range(WORLD_SIZE))]
-print(report.table(rows[:4] + rows[-1:], ["parameter", *norms],
+report.show(report.table(rows[:4] + rows[-1:], ["parameter", *norms],
                    formats=dict.fromkeys(norms, ".5f"), record=ledger,
                    name="pitfalls.grad_norm.by_parameter", step=0, **RUN))
 clip_local = [res["4"]["clip local"] for res in results]
@@ -654,10 +656,10 @@ calls = {  # reduce-scatters per step: one per group per micro-batch, or once pe
 }
 for name, r in (("DDP-style", wrong), ("set_requires_gradient_sync", right)):
     checks.assert_params_match(f"{run}, {name}", REFERENCE[1], r["params"],
-                               checks.PARAM_TOL["sgd"])
+                               checks.PARAM_TOL["sgd"], against=checks.SINGLE_PROCESS)
 units = ledger.claim("tinylm.2-blocks.fsdp2_units", units, "fully_shard groups")
 print(error)
-print(report.table(list(calls.items()),
+report.show(report.table(list(calls.items()),
                    ["gradient sync skipped with", "reduce-scatters per step"],
                    title=f"{K} micro-batches per step, {units} fully_shard groups; "
                    "both runs end at the 1-process parameters"))
@@ -792,7 +794,7 @@ checks.assert_sharded(run + " (fixed)",
 checks.assert_ranks_agree(run + " (fixed)",
                           [res["7 right"]["params"] for res in results])
 checks.assert_params_match(run + " (fixed)", REFERENCE[1], right["params"],
-                           checks.PARAM_TOL["sgd"])
+                           checks.PARAM_TOL["sgd"], against=checks.SINGLE_PROCESS)
 drift = gap("no_root.drift", drift, "absolute", "pitfall reproduces", steps=STEPS)
 print(f"plain, unreduced tensors without the root call: {plain}")
 print(f"after {STEPS} steps the ranks' copies differ by up to {drift:.1e}\n")
@@ -807,7 +809,7 @@ def root_row(name: str, prefix: str, r: dict) -> list:
               for kind in ("all_gather", "reduce_scatter"))]
 
 
-print(report.table([root_row("blocks only", "pitfalls.no_root", wrong),
+report.show(report.table([root_row("blocks only", "pitfalls.no_root", wrong),
                     root_row("blocks + root", "tinylm.2-blocks.fsdp2", right)],
                    ["fully_shard on", "params on rank 0 (KiB)", "all-gathers/step",
                     "reduce-scatters/step"], formats={"params on rank 0 (KiB)": ".1f"}))
@@ -883,7 +885,7 @@ VARIANT = {None: "fsdp2", True: "fsdp2_reshard_root", False: "fsdp2_no_reshard"}
 counts = {o: ledger.record(f"tinylm.2-blocks.{VARIANT[o]}.all_gathers_per_step", c,
                            fmt=".0f")
           for o, c in GATHERS.items()}
-print(report.table([[repr(o), counts[o], R["9"][o]["root holds after forward"]]
+report.show(report.table([[repr(o), counts[o], R["9"][o]["root holds after forward"]]
                     for o in counts],
                    ["reshard_after_forward", "all-gathers per step",
                     "root's tok_emb after forward"]))
@@ -941,7 +943,8 @@ error = assert_reproduces(run, R["10 wrong"]["messages"],
 print(error)
 embed_gap = checks.assert_params_match(run + " (fixed)", {"embed": EMBED_REFERENCE},
                                        {"embed": R["10 right"]["embed"]}, GRAD_TOL,
-                                       check="method output")
+                                       check="method output",
+                                       against="one process's embed()")
 embed_gap = gap("other_method.fixed.gap", embed_gap, "absolute", "method output")
 print(f"\nwith register_fsdp_forward_method: max |Δ| to 1 process {embed_gap:.1e}")
 

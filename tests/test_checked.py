@@ -20,12 +20,12 @@ def test_typing_an_asserted_guard_by_hand_fails_naming_the_fix() -> None:
 
 def test_a_recorded_check_takes_its_guard_from_the_check_that_ran() -> None:
     ledger = claims.Ledger("plot_a", model="tiny", world_size=2)
-    gap = checks.assert_losses_match("DDP x2", [3.0, 2.0], [3.0, 2.0 + 2.1e-7])
+    gap = checks.assert_losses_match("DDP x2", [3.0, 2.0], [3.0, 2.0 + 2.1e-7], against=checks.SINGLE_PROCESS)
     assert ledger.record("gap", gap, fmt=".1e") == 2.1e-7
     (r,) = ledger.records
-    assert r.guard == ("asserted: loss equivalence (|Δ| 2.1e-07 ≤ 1e-05 vs the single-process "
+    assert r.guard == ("bounded: loss equivalence (|Δ| 2.1e-07 ≤ 1e-05 vs the single-process "
                        "reference)")
-    assert (r.kind, r.check, r.text, r.unit) == ("asserted", "loss equivalence", "2.1e-07", "nats")
+    assert (r.kind, r.check, r.text, r.unit) == ("bounded", "loss equivalence", "2.1e-07", "nats")
     assert r.assumptions == (("model", "tiny"), ("world_size", "2"))
 
 
@@ -102,11 +102,11 @@ def test_checked_is_a_float_that_survives_pickling_and_scaling() -> None:
 
 def test_table_cells_are_recorded_as_shown() -> None:
     ledger = claims.Ledger("plot_a")
-    gap = checks.assert_losses_match("r", [1.0], [1.0 + 3e-7])
+    gap = checks.assert_losses_match("r", [1.0], [1.0 + 3e-7], against=checks.SINGLE_PROCESS)
     t = report.table([["DDP x2", gap, 217_728], ["FSDP2 x2", 0.25, 3]], ["run", "gap", "params"],
                      formats={"gap": ".1e"}, record=ledger, name="main.gaps")
     got = {r.name: (r.text, r.kind) for r in ledger.records}
-    assert got == {"main.gaps.ddp_x2.gap": ("3.0e-07", "asserted"),
+    assert got == {"main.gaps.ddp_x2.gap": ("3.0e-07", "bounded"),
                    "main.gaps.ddp_x2.params": ("217,728", "computed"),
                    "main.gaps.fsdp2_x2.gap": ("2.5e-01", "computed"),
                    "main.gaps.fsdp2_x2.params": ("3", "computed")}
@@ -147,7 +147,7 @@ def test_the_guard_names_each_relation_and_formats_the_allowance() -> None:
     order = Checked(1.0, check="c", relation="<", reference=2.0)
     assert order.guard() == "ordered: value < reference (1 < 2)"  # names default
     floor = Checked(5.0, check="floor", relation="≥", tol=1.0, against="a formula")
-    assert floor.guard() == "asserted: floor (5 ≥ 1 vs a formula)"
+    assert floor.guard() == "bounded: floor (5 ≥ 1 vs a formula)"
     assert _match(2.0, 2.123456, 0.5).guard() == "asserted: c (2 ≈ 2.123 ± 0.5)"
     assert _match(2.0, 2.1, 0.05, rel=True).guard() == "asserted: c (2 ≈ 2.1 ± 5%)"
     assert _match(2.0, 2.1, 0.01, rel=True).guard() == "asserted: c (2 ≈ 2.1 ± 1%)"

@@ -114,7 +114,7 @@ def test_round_trip_is_bitwise_for_params_and_moments(saved) -> None:
     path, state = saved
     assert any("exp_avg_sq" in k and v.abs().max() > 0 for k, v in state.items())  # real moments
     model, opt = load_single(path)
-    checks.assert_params_match("round trip", state, checkpoint.gathered_state(model, opt), 0.0)
+    checks.assert_params_match("round trip", state, checkpoint.gathered_state(model, opt), 0.0, against=checks.SINGLE_PROCESS)
 
 
 def test_publish_leaves_no_partial_and_a_complete_manifest(saved) -> None:
@@ -343,11 +343,11 @@ def test_resume_equals_uninterrupted_and_forgetting_the_optimizer_fails(saved) -
     path, _ = saved
     model, opt = trained(steps=len(BATCHES))  # never stopped
     uninterrupted = params_only(checkpoint.gathered_state(model, opt))
-    checks.assert_params_match("resume", uninterrupted, _resume(path, True), 0.0)
+    checks.assert_params_match("resume", uninterrupted, _resume(path, True), 0.0, against=checks.SINGLE_PROCESS)
     with pytest.raises(checks.CheckFailed, match=r"\[resume\] resume without optimizer: .* > tol"):
         checks.assert_params_match("resume without optimizer", uninterrupted,
                                    _resume(path, False), checks.PARAM_TOL["adamw"],
-                                   check="resume")
+                                   check="resume", against=checks.SINGLE_PROCESS)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -445,7 +445,7 @@ def test_model_only_load_ignores_the_optimizer_entries_but_not_extra_model_ones(
     path, state = saved
     model, _ = load_single(path, with_optimizer=False)
     checks.assert_params_match("model only", params_only(state), checkpoint.gathered_state(model),
-                               0.0)
+                               0.0, against=checks.SINGLE_PROCESS)
 
 
 # The controls: what plain DCP does with the same faults (guide.checkpoint's docstring claims).
@@ -526,7 +526,7 @@ def test_rank_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path: 
     model, opt = load_single(previous)
     expected = torch.load(tmp_path / "expected.pt", weights_only=True)["step2"]
     checks.assert_params_match("after the crash", expected, checkpoint.gathered_state(model, opt),
-                               0.0)
+                               0.0, against=checks.SINGLE_PROCESS)
 
 
 def test_control_a_rank_killed_mid_save_in_place_leaves_a_silent_mix(tmp_path: Path) -> None:

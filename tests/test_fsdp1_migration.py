@@ -90,27 +90,27 @@ def test_fsdp1_checkpoint_loads_into_fsdp2_bitwise(loaded: dict) -> None:
     moments = [k for k in loaded["fsdp1"] if k.endswith(("exp_avg", "exp_avg_sq"))]
     assert len(moments) == 2 * len(build_model(CFG).state_dict())  # the optimizer is in it
     assert checks.assert_params_match("load", loaded["fsdp1"], loaded["everything"], 0.0,
-                                      check="checkpoint load") == 0.0
+                                      check="checkpoint load", against=checks.SINGLE_PROCESS) == 0.0
 
 
 def test_a_forgotten_load_fails_the_bitwise_check(loaded: dict) -> None:
     with pytest.raises(checks.CheckFailed, match=r"\[checkpoint load\] forgot: \S+ differs from the "
                                                  r"single-process reference by"):
         checks.assert_params_match("forgot", loaded["fsdp1"], loaded["nothing"], 0.0,
-                                   check="checkpoint load")
+                                   check="checkpoint load", against=checks.SINGLE_PROCESS)
     model_part = {k: v for k, v in loaded["fsdp1"].items() if k.startswith("model.")}
     with pytest.raises(checks.CheckFailed, match=r"forgot: model\.\S+ differs"):  # the weights too
         checks.assert_params_match("forgot", model_part,
-                                   {k: loaded["nothing"][k] for k in model_part}, 0.0)
+                                   {k: loaded["nothing"][k] for k in model_part}, 0.0, against=checks.SINGLE_PROCESS)
 
 
 def test_loading_the_model_without_the_optimizer_fails_on_the_moments(loaded: dict) -> None:
     model_part = {k: v for k, v in loaded["fsdp1"].items() if k.startswith("model.")}
     checks.assert_params_match("model", model_part,
-                               {k: loaded["model only"][k] for k in model_part}, 0.0)
+                               {k: loaded["model only"][k] for k in model_part}, 0.0, against=checks.SINGLE_PROCESS)
     with pytest.raises(checks.CheckFailed, match=r"model only: optim\.state\.\S+ differs"):
         checks.assert_params_match("model only", loaded["fsdp1"], loaded["model only"], 0.0,
-                                   check="checkpoint load")
+                                   check="checkpoint load", against=checks.SINGLE_PROCESS)
 
 
 def test_one_float32_step_off_fails_the_bitwise_check(loaded: dict) -> None:
@@ -119,4 +119,4 @@ def test_one_float32_step_off_fails_the_bitwise_check(loaded: dict) -> None:
     off[name] = off[name].clone()
     off[name].view(-1)[7] = torch.nextafter(off[name].view(-1)[7], torch.tensor(1.0))
     with pytest.raises(checks.CheckFailed, match=rf"{name} differs .* by \d\.\d\de-\d\d > tol 0e\+00"):
-        checks.assert_params_match("ulp", loaded["fsdp1"], off, 0.0, check="checkpoint load")
+        checks.assert_params_match("ulp", loaded["fsdp1"], off, 0.0, check="checkpoint load", against=checks.SINGLE_PROCESS)

@@ -142,13 +142,13 @@ def test_training_checks_reject_the_optimizer_built_first(page: dict) -> None:
     with pytest.raises(CheckFailed, match=r"\[training happens\]"):
         checks.assert_learns("1.", frozen)
     with pytest.raises(CheckFailed, match=r"\[loss equivalence\] 1\.: from step 1 on"):
-        checks.assert_losses_match("1.", page["curves"]["1 process"], frozen)
+        checks.assert_losses_match("1.", page["curves"]["1 process"], frozen, against=checks.SINGLE_PROCESS)
 
 
 def test_tied_reference_check_rejects_an_untied_model(page: dict) -> None:
     """A tie broken by sharding or ``to_empty`` shows up as a separate ``head.weight``."""
     with pytest.raises(CheckFailed, match=r"parameter names differ.*unexpected \['head.weight'\]"):
-        checks.assert_params_match("2.", page["TIED_REFERENCE"][1], page["REFERENCE"][1], 1e-6)
+        checks.assert_params_match("2.", page["TIED_REFERENCE"][1], page["REFERENCE"][1], 1e-6, against=checks.SINGLE_PROCESS)
 
 
 def test_init_check_rejects_the_patchwork_of_seeds(page: dict) -> None:
@@ -166,7 +166,7 @@ def test_root_checks_reject_the_model_without_its_root_call(page: dict) -> None:
                               page["WORLD_SIZE"])
     with pytest.raises(CheckFailed, match=r"\[parameter equivalence\] 7\."):
         checks.assert_params_match("7.", page["REFERENCE"][1], wrong[0]["params"],
-                                   checks.PARAM_TOL["sgd"])
+                                   checks.PARAM_TOL["sgd"], against=checks.SINGLE_PROCESS)
 
 
 def test_norm_check_rejects_the_local_reading(page: dict) -> None:

@@ -32,19 +32,21 @@ def test_mistakes_are_named(kwargs, message) -> None:
         table(**kwargs)
 
 
-def test_show_prints_unless_sphinx_gallery_is_executing_the_page(capsys, monkeypatch) -> None:
-    """``report.show`` prints under ``python x.py`` even when sphinx_gallery was imported (a test
-    session imports it): only sphinx-gallery's own stdout tee, while it runs a page, shows the
-    cell's last value instead (a print there would show the table twice)."""
-    import io
-    import sys
-
+def test_show_prints_under_python_even_with_sphinx_gallery_imported(capsys) -> None:
+    """Under ``python x.py`` the table is printed, once, even when sphinx_gallery was imported
+    (a test session imports it), and show returns None (a cell's last line shows nothing twice)."""
     import sphinx_gallery  # noqa: F401  (imported, not executing)
 
     from guide import report
 
     t = report.table([["a", 1]], ["x", "n"])
-    assert report.show(t) is t and "a" in capsys.readouterr().out
+    assert report.show(t) is None
+    assert capsys.readouterr().out == str(t) + "\n"
+
+
+def _gallery_stdout(monkeypatch):
+    import io
+    import sys
 
     class Tee(io.StringIO):
         pass
@@ -52,4 +54,40 @@ def test_show_prints_unless_sphinx_gallery_is_executing_the_page(capsys, monkeyp
     Tee.__module__ = "sphinx_gallery.gen_rst"
     tee = Tee()
     monkeypatch.setattr(sys, "stdout", tee)
-    assert report.show(t) is t and tee.getvalue() == ""
+    return tee
+
+
+def test_a_table_shown_mid_cell_on_a_gallery_page_is_on_the_page(monkeypatch) -> None:
+    """Under sphinx-gallery a table shown anywhere in a block (not only as the cell's last value)
+    comes out of the block's scraper as an HTML table, in the order shown, and only once."""
+    from guide import report
+
+    tee = _gallery_stdout(monkeypatch)
+    first, second = report.table([["a", 1]], ["x", "n"]), report.table([["b", 2]], ["y", "m"])
+    report.show(first)
+    print("text between")
+    report.show(second)
+    assert tee.getvalue() == "text between\n"  # not printed as text too
+    rst = report.gallery_scraper(None, {}, {})
+    assert rst.count(".. raw:: html") == 2
+    assert rst.index(first._repr_html_()) < rst.index(second._repr_html_())
+    assert report.gallery_scraper(None, {}, {}) == ""  # the next block shows nothing of these
+
+
+def test_a_table_shown_in_a_notebook_is_displayed(monkeypatch) -> None:
+    from guide import report
+
+    shown = []
+    monkeypatch.setattr(report, "_rich_display", lambda: True)
+    import IPython.display
+
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    t = report.table([["a", 1]], ["x", "n"])
+    assert report.show(t) is None and shown == [t]
+
+
+def test_show_refuses_what_is_not_a_table() -> None:
+    from guide import report
+
+    with pytest.raises(TypeError, match="give a report.table"):
+        report.show("a string")

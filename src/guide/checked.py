@@ -7,8 +7,9 @@ it, so an ``asserted`` guard in the ledger always names a check that ran; it can
 
 Three relations, one per way a number can be checked:
 
-* ``"≤"`` (a bound): ``value`` (a gap, an error) is at most ``tol``; the guard reads
-  ``asserted: loss equivalence (|Δ| 2.1e-07 ≤ 1e-05 vs the single-process reference)``.
+* ``"≤"`` / ``"≥"`` (a bound): ``value`` (a gap, an error) is at most (at least) ``tol``; the
+  guard reads ``bounded: loss equivalence (|Δ| 2.1e-07 ≤ 1e-05 vs the single-process
+  reference)``. A bound holds a value to one side; it is not counted as asserted.
 * ``"≈"`` (a match): ``value`` sits within ``tol`` of ``reference``, an independent value (a
   formula, torch's own instrument, a single-process run). Recording it as asserted is refused when the
   allowance reaches 0 or the opposite sign (``0.28 ± 0.31``): the check would pass a zero.
@@ -19,8 +20,10 @@ Three relations, one per way a number can be checked:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-__all__ = ["CheckFailed", "Checked", "Derived", "derived", "Tautology"]
+__all__ = ["CheckFailed", "Checked", "Derived", "Tautology", "derived", "refuse_derived",
+           "refuse_self_comparison"]
 
 
 class CheckFailed(AssertionError):
@@ -43,6 +46,31 @@ def derived(value: float) -> Derived:
     ``ledger.claim(..., guard="computed")`` instead, or compare it with an independent value.
     """
     return Derived(value)
+
+
+def refuse_derived(check: str, run: str, got: object, want: object) -> None:
+    """Raise :class:`Tautology` if ``want`` is ``got`` itself or flagged :func:`derived` (alone
+    or inside a sequence): the reference of a check must be independent of what it checks."""
+    same = got is want and not isinstance(got, int)  # small ints are one object in CPython
+    if same or isinstance(want, Derived) or (
+            isinstance(want, Sequence) and any(isinstance(w, Derived) for w in want)):
+        raise Tautology(f"[{check}] {run}: the reference is the checked value itself (the same "
+                        "object, or flagged guide.checked.derived): such a check proves nothing. "
+                        "Compare with an independent value (a formula from other inputs, torch's "
+                        "own instrument, a reference run), or record the number as computed.")
+
+
+def refuse_self_comparison(check: str, run: str, against: str, same_object: bool) -> None:
+    """A run compared with itself proves nothing: the same object, or a reference named as the
+    run itself, raises :class:`Tautology` (before anything is recorded as asserted)."""
+    if not isinstance(against, str) or not against.strip():
+        raise ValueError(f"[{check}] {run}: name the reference in against=... (e.g. "
+                         f"checks.SINGLE_PROCESS, 'the uninterrupted run'); the guard prints it.")
+    if same_object or " ".join(against.split()).lower() == " ".join(run.split()).lower():
+        how = "the same object" if same_object else "the reference is named as the run"
+        raise Tautology(f"[{check}] {run}: compared with itself ({how}): such a check proves "
+                        "nothing. Compare with an independent run (e.g. one process on the full "
+                        "batch), or show the value without a check.")
 
 
 _RELATIONS = ("≤", "≥", "≈", "<", "<=", ">", ">=")
@@ -90,8 +118,12 @@ class Checked(float):
 
     @property
     def kind(self) -> str:
-        """``"asserted"`` (a bound or a match) or ``"ordered"``."""
-        return "ordered" if self.relation in ("<", "<=", ">", ">=") else "asserted"
+        """``"asserted"`` (a match with an independent reference), ``"bounded"`` (a value at most,
+        or at least, an allowance: the check holds the value to a side, it does not pin it) or
+        ``"ordered"``."""
+        if self.relation in ("<", "<=", ">", ">="):
+            return "ordered"
+        return "asserted" if self.relation == "≈" else "bounded"
 
     def allowance(self) -> float | None:
         """The absolute allowance around ``reference`` (``None`` for a bound or an ordering)."""
@@ -108,7 +140,7 @@ class Checked(float):
         return any(abs(centre) <= a for centre in (self.reference, float(self)))
 
     def guard(self, fmt: str = ".4g") -> str:
-        """The ledger guard this check earns, e.g. ``asserted: loss equivalence (|Δ| 2.1e-07 ≤
+        """The ledger guard this check earns, e.g. ``bounded: loss equivalence (|Δ| 2.1e-07 ≤
         1e-05 vs the single-process reference)`` or ``ordered: async save < blocking save``."""
         v = format(float(self), fmt)
         if self.kind == "ordered":
@@ -117,9 +149,9 @@ class Checked(float):
                    f"{format(self.reference, fmt)})"
         against = f" vs {self.against}" if self.against else ""
         if self.relation == "≤":
-            return f"asserted: {self.check} (|Δ| {v} ≤ {self.tol:.2g}{against})"
+            return f"bounded: {self.check} (|Δ| {v} ≤ {self.tol:.2g}{against})"
         if self.relation == "≥":
-            return f"asserted: {self.check} ({v} ≥ {self.tol:.2g}{against})"
+            return f"bounded: {self.check} ({v} ≥ {self.tol:.2g}{against})"
         tol = (f"{self.tol:.2g}" if not self.rel else f"{self.tol:.0%}" if self.tol >= 0.01
                else f"{self.tol:.1g} relative")
         return (f"asserted: {self.check} ({v} ≈ {format(self.reference, fmt)} ± {tol}"

@@ -28,19 +28,23 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from guide.checked import CheckFailed, Checked, Derived, Tautology
+from guide.checked import (CheckFailed, Checked, Tautology, refuse_derived,
+                           refuse_self_comparison)
 from guide.comm.checks import ELEMENT_TOL, WIRE_TOL, check_volume, check_wire
 from guide.layout import ParamLayout, chunk_rows
 from guide.validate import positive_int
 
-__all__ = ["CheckFailed", "Checked", "LEARN_MIN_DROP", "LOSS_TOL", "PARAM_TOL", "Tautology",
+__all__ = ["CheckFailed", "Checked", "LEARN_MIN_DROP", "LOSS_TOL", "PARAM_TOL", "SINGLE_PROCESS",
+           "Tautology",
            "assert_learns", "assert_losses_match", "assert_params_match", "assert_ranks_agree",
            "assert_replicated", "assert_same_init", "assert_sharded", "expect", "expect_close",
            "expect_order", "max_abs_diff", "assert_hsdp_sharded", "assert_replicas_identical",
            "ELEMENT_TOL", "WIRE_TOL", "check_volume", "check_wire"]
 
-#: What the equivalence checks compare with (the guard of a recorded gap says it).
-_REFERENCE = "the single-process reference"
+#: The usual reference of the equivalence checks: one process on the full batch. The checks take
+#: what they compare with as ``against`` (the guard prints it), so a guard never names a
+#: reference the check did not use.
+SINGLE_PROCESS = "the single-process reference"
 
 LOSS_TOL = 1e-5
 #: The least the loss of one batch must fall, re-evaluated after training, for a run to count as
@@ -74,16 +78,6 @@ def expect(check: str, run: str, ok: bool, detail: str) -> None:
         raise CheckFailed(f"[{check}] {run}: {detail}")
 
 
-def _refuse_tautology(check: str, run: str, got: object, want: object) -> None:
-    same = got is want and not isinstance(got, int)  # small ints are one object in CPython
-    if same or isinstance(want, Derived) or (
-            isinstance(want, Sequence) and any(isinstance(w, Derived) for w in want)):
-        raise Tautology(f"[{check}] {run}: the reference is the checked value itself (the same "
-                        "object, or flagged guide.checked.derived): such a check proves nothing. "
-                        "Compare with an independent value (a formula from other inputs, torch's "
-                        "own instrument, a reference run), or record the number as computed.")
-
-
 def expect_close(check: str, run: str, got: Sequence[float] | float,
                  want: Sequence[float] | float, tol: float, what: str = "value", *,
                  rel: bool = False, unit: str = "", against: str = "") -> Checked:
@@ -108,7 +102,7 @@ def expect_close(check: str, run: str, got: Sequence[float] | float,
         raise CheckFailed(f"[{check}] {run}: {what} differs by {kind} "
                           f"(got {got_l[:4]}{'...' if len(got_l) > 4 else ''}, expected "
                           f"{want_l[:4]}{'...' if len(want_l) > 4 else ''}).")
-    _refuse_tautology(check, run, got, want)
+    refuse_derived(check, run, got, want)
     if scalar and want != 0:
         return Checked(float(got), check=check, run=run, unit=unit, relation="≈", tol=tol,
                        rel=rel, reference=float(want), against=against)
@@ -123,7 +117,7 @@ def expect_order(check: str, run: str, low: float, high: float, *, low_name: str
     (relation ``"<"``), or ``high`` if ``keep="high"`` (relation ``">"``): the ledger records it as
     ``ordered: low_name < high_name`` (or ``high_name > low_name``), never as asserted, because an
     ordering checks neither value."""
-    _refuse_tautology(check, run, low, high)
+    refuse_derived(check, run, low, high)
     if keep not in ("low", "high"):
         raise ValueError(f"expect_order: keep={keep!r} is 'low' or 'high'.")
     ok = low < high if strict else low <= high
@@ -138,7 +132,8 @@ def expect_order(check: str, run: str, low: float, high: float, *, low_name: str
                    reference=float(high), value_name=low_name, reference_name=high_name)
 
 
-def assert_learns(run: str, losses: Sequence[float], min_drop: float = LEARN_MIN_DROP) -> float:
+def assert_learns(run: str, losses: Sequence[float],
+                  min_drop: float = LEARN_MIN_DROP) -> Checked:
     """The loss falls: some later loss is at least ``min_drop`` below ``losses[0]``.
 
     Give losses of the *same* data (e.g. the first batch before and after training): losses of
@@ -164,8 +159,12 @@ def assert_learns(run: str, losses: Sequence[float], min_drop: float = LEARN_MIN
 
 
 def assert_losses_match(run: str, reference: Sequence[float], losses: Sequence[float],
-                        tol: float = LOSS_TOL) -> float:
-    """Every step's loss of ``run`` equals the reference within ``tol``; returns the worst gap."""
+                        tol: float = LOSS_TOL, *, against: str) -> Checked:
+    """Every step's loss of ``run`` equals ``reference``'s within ``tol``; returns the worst gap,
+    bounded (:class:`Checked`, relation ``"≤"``). ``against`` names the reference in words (the
+    guard prints it); a reference that is ``losses`` itself, or named as ``run``, raises
+    :class:`Tautology`."""
+    refuse_self_comparison("loss equivalence", run, against, reference is losses)
     if len(losses) != len(reference):
         raise CheckFailed(f"[loss equivalence] {run}: {len(losses)} steps, reference has "
                           f"{len(reference)}.")
@@ -178,20 +177,25 @@ def assert_losses_match(run: str, reference: Sequence[float], losses: Sequence[f
                  "step 0 matched, so the update differs: are gradients averaged (not summed) "
                  "across ranks, and is every rank's slice of the batch used?")
         raise CheckFailed(
-            f"[loss equivalence] {run}: from step {first} on, the loss differs from the "
-            f"single-process reference (step {first}: {losses[first]:.8f} vs "
+            f"[loss equivalence] {run}: from step {first} on, the loss differs from "
+            f"{against} (step {first}: {losses[first]:.8f} vs "
             f"{reference[first]:.8f}, gap {gaps[first]:.2e} > tol {tol:.0e}; worst gap "
             f"{max(gaps):.2e}); {cause}")
     return Checked(max(gaps, default=0.0), check="loss equivalence", run=run, unit="nats",
-                   tol=tol, against=_REFERENCE)
+                   tol=tol, against=against)
 
 
 def assert_params_match(run: str, reference: Mapping[str, torch.Tensor],
                         params: Mapping[str, torch.Tensor], tol: float,
-                        check: str = "parameter equivalence", hint: str = "") -> float:
-    """Every parameter of ``run`` equals the reference's within ``tol`` (max abs, elementwise);
-    returns the worst gap. ``check`` names the check in the failure message, ``hint`` says what
-    usually causes it."""
+                        check: str = "parameter equivalence", hint: str = "", *,
+                        against: str) -> Checked:
+    """Every parameter of ``run`` equals ``reference``'s within ``tol`` (max abs, elementwise);
+    returns the worst gap, bounded. ``against`` names the reference (the guard prints it);
+    ``check`` names the check in the failure message, ``hint`` says what usually causes it. A
+    reference that is ``params`` itself (the same mapping, or the very same tensors), or named as
+    ``run``, raises :class:`Tautology`."""
+    refuse_self_comparison(check, run, against, reference is params or (
+        bool(reference) and all(params.get(k) is v for k, v in reference.items())))
     if set(reference) != set(params):
         missing, extra = sorted(set(reference) - set(params)), sorted(set(params) - set(reference))
         raise CheckFailed(f"[{check}] {run}: parameter names differ; missing "
@@ -206,9 +210,9 @@ def assert_params_match(run: str, reference: Mapping[str, torch.Tensor],
         if math.isnan(gap) or gap > worst:  # once NaN is the worst, no finite gap replaces it
             worst_name, worst = name, gap
     if not worst <= tol:
-        raise CheckFailed(f"[{check}] {run}: {worst_name} differs from the single-process "
-                          f"reference by {worst:.2e} > tol {tol:.0e}.{' ' + hint if hint else ''}")
-    return Checked(worst, check=check, run=run, unit="absolute", tol=tol, against=_REFERENCE)
+        raise CheckFailed(f"[{check}] {run}: {worst_name} differs from {against} "
+                          f"by {worst:.2e} > tol {tol:.0e}.{' ' + hint if hint else ''}")
+    return Checked(worst, check=check, run=run, unit="absolute", tol=tol, against=against)
 
 
 def assert_ranks_agree(run: str, per_rank: Sequence[Mapping[str, torch.Tensor]]) -> None:
@@ -234,6 +238,7 @@ def assert_same_init(run: str, reference: Mapping[str, torch.Tensor],
     broadcast, so each rank's shard is whatever that rank built.
     """
     assert_params_match(run, reference, params, 0.0, check="initial weights",
+                        against="the reference's initial weights",
                         hint="The ranks built different initial weights: fully_shard does not "
                              "broadcast, so every rank must build the model with the same seed.")
 

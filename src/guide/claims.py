@@ -8,6 +8,9 @@ optimizer, DDP buckets counted or not, N, sequence length, hardware) and its gua
 * ``asserted: <check> (...)``: a check of :mod:`guide.checks` compared the number with an
   independent value and would have failed the build. Only :meth:`Ledger.record` writes it, from the
   :class:`guide.checked.Checked` the check returned; it cannot be typed.
+* ``bounded: <check> (...)``: a check held the number below (or above) an allowance, e.g. a gap
+  ``≤`` a tolerance: it bounds the number, it does not pin it. Also only through
+  :meth:`Ledger.record`.
 * ``ordered: a < b``: a check ordered two quantities (:func:`guide.checks.expect_order`); also
   only through :meth:`Ledger.record`.
 * ``computed``: the shipped code computed it; nothing independent compares it
@@ -21,7 +24,7 @@ and ``with ledger.scope(steps=20):``; a call's own keywords add to (or override)
 A page, in short::
 
     ledger = claims.Ledger("plot_x", model=repr(CFG), world_size=WORLD_SIZE)
-    gap = checks.assert_losses_match(run, ref_losses, losses)   # a Checked: the check ran
+    gap = checks.assert_losses_match(run, ref_losses, losses, against=checks.SINGLE_PROCESS)
     ledger.record("x.loss_gap", gap, fmt=".1e")                 # asserted: loss equivalence (...)
     kept = checks.expect_close("memory", run, got, want, tol, unit="B", against="the shapes")
     ledger.record("x.kept", kept.scaled(1 / 2**20, "MiB"), fmt=".2f")
@@ -49,22 +52,27 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from guide.checked import Checked
 
-__all__ = ["Claim", "Contradiction", "GUARD_KINDS", "Ledger", "LEDGER_ENV", "by_name",
-           "contradictions", "load", "missing_pages", "raise_on_contradictions", "shown_text"]
+__all__ = ["Claim", "Contradiction", "GUARD_KINDS", "Ledger", "LEDGER_ENV", "ShownTable",
+           "TABLES_SUFFIX", "by_name", "contradictions", "load", "load_tables", "missing_pages",
+           "raise_on_contradictions", "shown_text"]
 
 #: The environment variable naming the directory the build's ledger is written to.
 LEDGER_ENV = "GUIDE_LEDGER_DIR"
+#: Beside a page's ``<page>.jsonl`` of claims, the tables it recorded (one JSON object a line).
+TABLES_SUFFIX = ".tables.ndjson"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.\-/]*$")
 _PAGE = re.compile(r"^[a-z0-9][a-z0-9_\-/]*$")
-_GUARD = re.compile(r"^(asserted: .+|ordered: .+|computed|cited: .+)$")
+_GUARD = re.compile(r"^(asserted: .+|bounded: .+|ordered: .+|computed|cited: .+)$")
 #: The kinds of guard, strongest first.
-GUARD_KINDS = ("asserted", "ordered", "computed", "cited")
+GUARD_KINDS = ("asserted", "bounded", "ordered", "computed", "cited")
+#: The kinds only a check's :class:`~guide.checked.Checked` earns (:meth:`Ledger.record`).
+CHECKED_KINDS = ("asserted", "bounded", "ordered")
 #: Two float values of one claim agree if they are equal to this relative precision (they are
 #: printed to at most 4 significant digits; a real disagreement is far larger).
 REL_TOL = 1e-9
@@ -92,7 +100,7 @@ class Claim:
     def check(self) -> str:
         """The guard without its kind and figures: the check's name, or the source cited."""
         rest = self.guard.partition(": ")[2]
-        return rest.split(" (")[0] if self.kind in ("asserted", "ordered") else rest
+        return rest.split(" (")[0] if self.kind in CHECKED_KINDS else rest
 
     @property
     def text(self) -> str:
@@ -116,6 +124,28 @@ class Claim:
         d = json.loads(line)
         return cls(d["name"], d["value"], d["unit"], d["page"],
                    tuple(sorted(d["assumptions"].items())), d["guard"], d.get("shown", ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShownTable:
+    """A table a page recorded: its header and the text of every cell, as shown."""
+
+    page: str
+    name: str
+    columns: tuple[str, ...]
+    cells: tuple[tuple[str, ...], ...]
+
+
+def load_tables(directory: str | os.PathLike) -> list[ShownTable]:
+    """Every table recorded in a ledger directory (the build's ``*.tables.ndjson``)."""
+    out = []
+    for path in sorted(Path(directory).glob(f"*{TABLES_SUFFIX}")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line)
+                out.append(ShownTable(d["page"], d["name"], tuple(d["columns"]),
+                                      tuple(tuple(r) for r in d["cells"])))
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,12 +201,30 @@ class Ledger:
                              "'plot_ddp_vs_fsdp2' or 'pages/memory_calculator'.")
         self.page = page
         self.records: list[Claim] = []
+        self.tables: list[ShownTable] = []
         self._scopes: list[dict[str, Any]] = [dict(assumptions)]
         directory = os.environ.get(LEDGER_ENV)
-        self.path = Path(directory) / (page.replace("/", "__") + ".jsonl") if directory else None
+        stem = page.replace("/", "__")
+        self.path = Path(directory) / f"{stem}.jsonl" if directory else None
+        self.tables_path = Path(directory) / f"{stem}{TABLES_SUFFIX}" if directory else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text("")
+            self.tables_path.unlink(missing_ok=True)  # written with the page's first table
+
+    def add_table(self, name: str, columns: Sequence[str],
+                  cells: Sequence[Sequence[str]]) -> None:
+        """Note that this page shows table ``name`` (its header and every cell's text): after the
+        build, :mod:`guide.rendered_tables` fails it if the rendered page lacks the table.
+        :func:`guide.report.table` calls it for every table it records."""
+        if any(t.name == name for t in self.tables):
+            raise ValueError(f"table {name!r}: this page already recorded a table of that name.")
+        table = ShownTable(self.page, name, tuple(map(str, columns)),
+                           tuple(tuple(map(str, row)) for row in cells))
+        self.tables.append(table)
+        if self.tables_path is not None:
+            with self.tables_path.open("a") as f:
+                f.write(json.dumps(dataclasses.asdict(table), ensure_ascii=False) + "\n")
 
     @contextlib.contextmanager
     def scope(self, **assumptions: Any) -> Iterator[Ledger]:
@@ -199,7 +247,7 @@ class Ledger:
         ``assumptions`` add to the page's and the scope's (``buckets=True``, ``world_size=8``...).
         A name this page already stated with another value raises at once.
         """
-        if guard.startswith(("asserted", "ordered")):
+        if guard.startswith(CHECKED_KINDS):
             raise ValueError(
                 f"claim {name!r}: guard {guard!r} is typed. An asserted or ordered guard comes "
                 "from the check that ran: `ledger.record(name, checks.expect_close(...))` (or "

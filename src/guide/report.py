@@ -1,13 +1,15 @@
 """What a page prints: tables and conclusions, one helper each, so no page pads columns by hand.
 
 * :func:`table` renders rows as a :class:`Table`: a ``str`` (the aligned plain-text table that
-  ``print`` and ``python example.py`` show) with ``_repr_html_`` (an HTML table in a notebook, and
-  on a gallery page when the table is the **last expression of its cell**: sphinx-gallery's
-  ``capture_repr`` shows ``_repr_html_``). ``record=ledger, name="main-example.gaps"`` records every
-  number cell in the page's ledger as it is shown (``<name>.<row>.<column>``), so a table never
-  prints a number the ledger lacks.
-* :func:`show` returns a table for a cell's last line and prints it where nothing would display it
-  (``python example.py``): ``report.show(report.table(...))``.
+  ``print`` shows) with ``_repr_html_`` (an HTML table). ``record=ledger, name="main-example.gaps"``
+  records every number cell in the page's ledger as it is shown (``<name>.<row>.<column>``) and
+  the table itself (:meth:`guide.claims.Ledger.add_table`), so a table never prints a number the
+  ledger lacks, and the build fails if a recorded table is not on the rendered page
+  (:mod:`guide.rendered_tables`).
+* :func:`show` displays a table wherever it stands in a cell, and returns nothing: an HTML table
+  in a notebook (``IPython.display``) and on a gallery page (:func:`gallery_scraper`, which
+  sphinx-gallery calls after every code block: a cell's last value is the only thing
+  sphinx-gallery itself would show), the plain text under ``python example.py``.
 * :func:`conclusion` prints a sentence wrapped to :data:`WIDTH` columns: never one 300-character
   line in a ``<pre>``.
 
@@ -25,7 +27,7 @@ from typing import Any
 
 from guide.checked import Checked
 
-__all__ = ["Link", "Table", "WIDTH", "conclusion", "show", "table"]
+__all__ = ["Link", "Table", "WIDTH", "conclusion", "gallery_scraper", "show", "table"]
 
 #: Columns a printed conclusion wraps at (fits the content column of a page at 1440 px).
 WIDTH = 88
@@ -109,11 +111,35 @@ def _rich_display() -> bool:
     return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
 
 
-def show(obj: Table) -> Table:
-    """Return ``obj`` for a cell's last line; print it where no display would (``python x.py``)."""
-    if not _rich_display():
+#: Tables shown in the code block sphinx-gallery is executing, for :func:`gallery_scraper`.
+_GALLERY_QUEUE: list[Table] = []
+
+
+def show(obj: Table) -> None:
+    """Display ``obj`` now, wherever it stands in a cell: on a gallery page (queued for
+    :func:`gallery_scraper`), in a notebook (``IPython.display.display``), else printed. Returns
+    ``None``, so a ``show(...)`` that ends a cell is not displayed a second time."""
+    if not isinstance(obj, Table):
+        raise TypeError(f"show: got {type(obj).__name__}; give a report.table(...) (print other "
+                        "values).")
+    if type(sys.stdout).__module__.startswith("sphinx_gallery"):
+        _GALLERY_QUEUE.append(obj)
+    elif _rich_display():
+        from IPython.display import display
+
+        display(obj)
+    else:
         print(obj)
-    return obj
+
+
+def gallery_scraper(block: Any, block_vars: Any, gallery_conf: Any) -> str:
+    """sphinx-gallery's hook after each code block (``image_scrapers`` in ``docs/conf.py``): the
+    reST of the tables :func:`show` displayed in that block, as HTML, in the order shown."""
+    shown, _GALLERY_QUEUE[:] = list(_GALLERY_QUEUE), []
+    html_blocks = [f'.. raw:: html\n\n    <div class="output_subarea output_html rendered_html '
+                   f'output_result guide-shown-table">\n    {t._repr_html_()}\n    </div>\n'
+                   for t in shown]
+    return "\n" + "\n".join(html_blocks) + "\n" if shown else ""
 
 
 def conclusion(text: str) -> None:
@@ -189,3 +215,4 @@ def _record(ledger: Any, name: str, columns: Sequence[str], values_by_row: list[
                 ledger.record(claim, value, shown=text, **assumptions)
             else:
                 ledger.claim(claim, value, unit, shown=text, **assumptions)
+    ledger.add_table(name, columns, cells)

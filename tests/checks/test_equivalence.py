@@ -129,9 +129,9 @@ REF = [3.0, 2.5, 2.0]
 
 def test_loss_check_default_tolerance_is_1e_5() -> None:
     """LOSS_TOL = 1e-5: 1.2e-5 fails, 0.8e-5 passes."""
-    assert checks.assert_losses_match("r", REF, [3.0, 2.5 + 0.8e-5, 2.0]) == pytest.approx(0.8e-5)
+    assert checks.assert_losses_match("r", REF, [3.0, 2.5 + 0.8e-5, 2.0], against=checks.SINGLE_PROCESS) == pytest.approx(0.8e-5)
     with pytest.raises(CheckFailed, match=r"gap 1\.20e-05 > tol 1e-05"):
-        checks.assert_losses_match("r", REF, [3.0, 2.5 + 1.2e-5, 2.0])
+        checks.assert_losses_match("r", REF, [3.0, 2.5 + 1.2e-5, 2.0], against=checks.SINGLE_PROCESS)
 
 
 def test_loss_check_names_the_first_divergent_step_and_its_cause() -> None:
@@ -139,27 +139,27 @@ def test_loss_check_names_the_first_divergent_step_and_its_cause() -> None:
                                           r"differs .*\(step 1: 2\.40000000 vs 2\.50000000, gap "
                                           r"1\.00e-01 > tol 1e-05; worst gap 1\.00e\+00\); step 0 "
                                           r"matched.*averaged \(not summed\)"):
-        checks.assert_losses_match("run", REF, [3.0, 2.4, 1.0])
+        checks.assert_losses_match("run", REF, [3.0, 2.4, 1.0], against=checks.SINGLE_PROCESS)
     with pytest.raises(CheckFailed, match=r"from step 0 on.*\); the forward pass already differs: "
                                           r"different weights or data on the ranks$"):
-        checks.assert_losses_match("run", REF, [3.1, 2.5, 2.0])
+        checks.assert_losses_match("run", REF, [3.1, 2.5, 2.0], against=checks.SINGLE_PROCESS)
     with pytest.raises(CheckFailed, match=r"\); step 0 matched, so the update differs: are gradients "
                                           r"averaged \(not summed\) across ranks, and is every "
                                           r"rank's slice of the batch used\?$"):
-        checks.assert_losses_match("run", REF, [3.0, 2.4, 2.0])
+        checks.assert_losses_match("run", REF, [3.0, 2.4, 2.0], against=checks.SINGLE_PROCESS)
     with pytest.raises(CheckFailed, match=r"from step 1 on"):
-        checks.assert_losses_match("run", REF, [3.0, 2.4, 2.0], tol=0.05)  # tol is used
+        checks.assert_losses_match("run", REF, [3.0, 2.4, 2.0], tol=0.05, against=checks.SINGLE_PROCESS)  # tol is used
 
 
 def test_loss_check_returns_the_worst_gap() -> None:
     got = [3.0 + 1e-6, 2.5 + 3e-6, 2.0 - 2e-6]
-    assert checks.assert_losses_match("r", REF, got) == pytest.approx(3e-6)
-    assert checks.assert_losses_match("r", [1.0], [1.5], tol=0.5) == 0.5  # exactly tol passes
+    assert checks.assert_losses_match("r", REF, got, against=checks.SINGLE_PROCESS) == pytest.approx(3e-6)
+    assert checks.assert_losses_match("r", [1.0], [1.5], tol=0.5, against=checks.SINGLE_PROCESS) == 0.5  # exactly tol passes
 
 
 def test_loss_check_refuses_a_different_number_of_steps() -> None:
     with pytest.raises(CheckFailed, match=r"^\[loss equivalence\] r: 2 steps, reference has 3\.$"):
-        checks.assert_losses_match("r", REF, REF[:2])
+        checks.assert_losses_match("r", REF, REF[:2], against=checks.SINGLE_PROCESS)
 
 
 @pytest.mark.parametrize("bad", [NAN, INF, -INF])
@@ -168,7 +168,7 @@ def test_loss_check_refuses_nan_and_inf(bad: float, side: str) -> None:
     poisoned = [3.0, bad, 2.0]
     run, ref = (poisoned, REF) if side == "run" else (REF, poisoned)
     with pytest.raises(CheckFailed, match="from step 1 on"):
-        checks.assert_losses_match("r", ref, run)
+        checks.assert_losses_match("r", ref, run, against=checks.SINGLE_PROCESS)
 
 
 # -- assert_params_match / assert_same_init ----------------------------------------------------------
@@ -185,41 +185,41 @@ def _params(**gaps: float) -> dict[str, torch.Tensor]:
 def test_param_check_default_tolerances(opt: str, tol: float) -> None:
     """PARAM_TOL: sgd 1e-6, adamw 1e-3; 1.2x fails, 0.8x passes."""
     assert checks.assert_params_match("r", _params(), _params(b=0.8 * tol),
-                                      checks.PARAM_TOL[opt]) == pytest.approx(0.8 * tol)
+                                      checks.PARAM_TOL[opt], against=checks.SINGLE_PROCESS) == pytest.approx(0.8 * tol)
     with pytest.raises(CheckFailed, match=rf"b differs .* by 1\.20e-0\d > tol {tol:.0e}"):
-        checks.assert_params_match("r", _params(), _params(b=1.2 * tol), checks.PARAM_TOL[opt])
+        checks.assert_params_match("r", _params(), _params(b=1.2 * tol), checks.PARAM_TOL[opt], against=checks.SINGLE_PROCESS)
 
 
 def test_param_check_names_the_worst_parameter_and_returns_its_gap() -> None:
     got = _params(w=1e-7, b=5e-3)
     with pytest.raises(CheckFailed, match=r"^\[parameter equivalence\] run: b differs from the "
                                           r"single-process reference by 5\.00e-03 > tol 1e-06\.$"):
-        checks.assert_params_match("run", _params(), got, 1e-6)
-    assert checks.assert_params_match("run", _params(), got, 1.0) == pytest.approx(5e-3)
-    assert checks.assert_params_match("run", _params(), _params(w=-2e-3, b=1e-3), 1.0) == \
+        checks.assert_params_match("run", _params(), got, 1e-6, against=checks.SINGLE_PROCESS)
+    assert checks.assert_params_match("run", _params(), got, 1.0, against=checks.SINGLE_PROCESS) == pytest.approx(5e-3)
+    assert checks.assert_params_match("run", _params(), _params(w=-2e-3, b=1e-3), 1.0, against=checks.SINGLE_PROCESS) == \
         pytest.approx(2e-3)  # |negative| counts; the worst over all parameters
     with pytest.raises(CheckFailed, match=r"run: w differs"):  # a tie names the first (model order)
-        checks.assert_params_match("run", _params(), _params(w=1.0, b=1.0), 0.5)
+        checks.assert_params_match("run", _params(), _params(w=1.0, b=1.0), 0.5, against=checks.SINGLE_PROCESS)
 
 
 def test_param_check_uses_its_check_name_and_hint() -> None:
     with pytest.raises(CheckFailed, match=r"^\[after reload\] r: w differs .* tol 0e\+00\. "
                                           r"Was the optimizer state saved\?$"):
         checks.assert_params_match("r", _params(), _params(w=1.0), 0.0, check="after reload",
-                                   hint="Was the optimizer state saved?")
+                                   hint="Was the optimizer state saved?", against=checks.SINGLE_PROCESS)
 
 
 def test_param_check_refuses_missing_and_unexpected_names() -> None:
     got = {"w": _params()["w"], "extra": torch.zeros(1)}
     with pytest.raises(CheckFailed, match=r"parameter names differ; missing \['b'\], unexpected "
                                           r"\['extra'\]\.$"):
-        checks.assert_params_match("r", _params(), got, 1.0)
+        checks.assert_params_match("r", _params(), got, 1.0, against=checks.SINGLE_PROCESS)
 
 
 def test_param_check_refuses_a_different_shape() -> None:
     got = {**_params(), "w": torch.ones(3, 2, dtype=torch.float64)}
     with pytest.raises(CheckFailed, match=r"w has shape \(3, 2\), reference \(2, 3\)\."):
-        checks.assert_params_match("r", _params(), got, 1.0)
+        checks.assert_params_match("r", _params(), got, 1.0, against=checks.SINGLE_PROCESS)
 
 
 @pytest.mark.parametrize("bad", [NAN, INF, -INF])
@@ -229,7 +229,7 @@ def test_param_check_refuses_nan_and_inf(bad: float, name: str, side: str) -> No
     poisoned = _params(**{name: bad})
     ref, got = (_params(), poisoned) if side == "run" else (poisoned, _params())
     with pytest.raises(CheckFailed, match=rf"{name} differs .* by (nan|inf)"):
-        checks.assert_params_match("r", ref, got, 1e9)
+        checks.assert_params_match("r", ref, got, 1e9, against=checks.SINGLE_PROCESS)
 
 
 def test_same_init_is_bit_for_bit_and_says_why() -> None:
