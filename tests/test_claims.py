@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from guide import claims
+from guide import checks, claims, report
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 EXAMPLES = sorted(p.stem for p in (DOCS.parent / "examples").glob("plot_*.py"))
@@ -34,20 +34,20 @@ def test_a_page_rerun_replaces_its_records(tmp_path, monkeypatch) -> None:
 
 def test_one_page_contradicting_itself_raises_at_once() -> None:
     ledger = claims.Ledger("plot_a")
-    ledger.claim("x", 1.0, "GiB", buckets=True)
+    ledger.claim("x", 1.0, "GiB", ddp_buckets=True)
     with pytest.raises(AssertionError, match="claim 'x': values differ"):
-        ledger.claim("x", 1.5, "GiB", buckets=True)
+        ledger.claim("x", 1.5, "GiB", ddp_buckets=True)
     with pytest.raises(AssertionError, match="assumptions or units differ"):
-        ledger.claim("x", 1.0, "GiB", buckets=False)
+        ledger.claim("x", 1.0, "GiB", ddp_buckets=False)
 
 
 @pytest.mark.parametrize("other", [
-    dict(value=1314.2, unit="GiB", assumptions=(("buckets", "True"),)),   # another value
-    dict(value=1051.3, unit="GiB", assumptions=(("buckets", "False"),)),  # other assumptions
-    dict(value=1051.3, unit="GB", assumptions=(("buckets", "True"),)),    # another unit
+    dict(value=1314.2, unit="GiB", assumptions=(("ddp_buckets", "True"),)),   # another value
+    dict(value=1051.3, unit="GiB", assumptions=(("ddp_buckets", "False"),)),  # other assumptions
+    dict(value=1051.3, unit="GB", assumptions=(("ddp_buckets", "True"),)),    # another unit
 ])
 def test_contradictions_name_both_pages(other) -> None:
-    a = claims.Claim("70b.ddp", 1051.3, "GiB", "plot_memory", (("buckets", "True"),), "computed")
+    a = claims.Claim("70b.ddp", 1051.3, "GiB", "plot_memory", (("ddp_buckets", "True"),), "computed")
     b = claims.Claim("70b.ddp", page="pages/memory_calculator", guard="computed", **other)
     (found,) = claims.contradictions([a, b])
     assert "plot_memory" in str(found) and "pages/memory_calculator" in str(found)
@@ -126,7 +126,7 @@ kernelspec:
 
 ```{{code-cell}} ipython3
 from guide import claims
-claims.Ledger("{title}").claim("llama3-70b.ddp.per_gpu", {value}, "GiB", buckets=True)
+claims.Ledger("{title}").claim("llama3-70b.ddp.per_gpu", {value}, "GiB", ddp_buckets=True)
 ```
 """
 
@@ -154,3 +154,24 @@ def test_a_build_where_two_pages_disagree_fails_naming_both(tmp_path) -> None:
 def test_a_build_where_pages_agree_passes(tmp_path) -> None:
     out = _build(tmp_path, {"memory": 1314.2, "calculator": 1314.2})
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("call", [
+    lambda ledger: ledger.claim("x", 1.0, "GiB", fnt=".1f"),
+    lambda ledger: ledger.record("x", checks.expect_close("c", "r", 1.0, 1.1, 0.5), fmat=".1f"),
+    lambda ledger: ledger.scope(wolrd_size=2).__enter__(),
+    lambda ledger: report.table([[1]], ["a"], fromats={"a": ".1f"}, record=ledger, name="t"),
+    lambda ledger: report.table([[1]], ["a"], fromats={"a": ".1f"}),
+])
+def test_a_mistyped_keyword_is_an_error_not_an_assumption(call) -> None:
+    ledger = claims.Ledger("plot_x")
+    with pytest.raises(TypeError, match="unknown keyword"):
+        call(ledger)
+    assert ledger.records == [] and ledger.tables == []
+
+
+def test_a_typo_names_the_option_it_resembles() -> None:
+    with pytest.raises(TypeError, match=r"'fnt' \(did you mean 'fmt'"):
+        claims.Ledger("plot_x").claim("x", 1.0, "GiB", fnt=".1f")
+    with pytest.raises(TypeError, match="unknown keyword 'colour'"):
+        claims.Ledger("plot_x", colour="red")

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -59,7 +60,7 @@ from typing import Any
 from guide.checked import Checked
 
 __all__ = ["Claim", "Contradiction", "GUARD_KINDS", "Ledger", "LEDGER_ENV", "ShownTable",
-           "TABLES_SUFFIX", "by_name", "contradictions", "load", "load_tables", "missing_pages",
+           "ASSUMPTIONS", "TABLES_SUFFIX", "check_assumptions", "by_name", "contradictions", "load", "load_tables", "missing_pages",
            "raise_on_contradictions", "shown_text"]
 
 #: The environment variable naming the directory the build's ledger is written to.
@@ -69,6 +70,20 @@ TABLES_SUFFIX = ".tables.ndjson"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.\-/]*$")
 _PAGE = re.compile(r"^[a-z0-9][a-z0-9_\-/]*$")
 _GUARD = re.compile(r"^(asserted: .+|bounded: .+|ordered: .+|computed|cited: .+)$")
+#: Every assumption a claim may depend on, by name: a keyword that is not one of these is a
+#: typo (``fnt=".1f"`` for ``fmt``), refused naming the closest, never recorded as an
+#: assumption. A new kind of assumption is added here, once.
+ASSUMPTIONS = frozenset({
+    "activations", "algorithm", "attention", "backend", "baseline", "batch", "batch_tokens",
+    "budget_mib", "cast_forward_inputs", "checkpointing", "checks", "counts", "date",
+    "ddp_buckets", "depths", "device", "dp", "estimate", "formula", "global_batch", "gpu", "gpus",
+    "hardware", "headroom_p", "integer_setting", "k", "load_bytes", "lora_rank", "max_norm",
+    "mfu", "micro_batch", "micro_batches", "model", "model_sources", "nodes", "optimizer",
+    "output_dtype", "param_dtype", "params", "per_rank_micro_batch", "precision", "rank",
+    "reduce_dtype", "replicas", "reshard_after_forward", "seq_len", "sequence_parallel", "shape",
+    "shapes", "shards", "source", "step", "steps", "steps_counted", "steps_timed",
+    "tokens_per_rank", "tp", "units", "vocab", "world_size", "world_sizes",
+})
 #: The kinds of guard, strongest first.
 GUARD_KINDS = ("asserted", "bounded", "ordered", "computed", "cited")
 #: The kinds only a check's :class:`~guide.checked.Checked` earns (:meth:`Ledger.record`).
@@ -164,6 +179,22 @@ class Contradiction:
                 f"{dict(b.assumptions)}")
 
 
+def check_assumptions(assumptions: Mapping[str, Any], where: str) -> None:
+    """Refuse a keyword that is not an assumption of :data:`ASSUMPTIONS` (a typo of an option,
+    or a new assumption not yet named there), naming the closest option or assumption."""
+    unknown = sorted(set(assumptions) - ASSUMPTIONS)
+    if unknown:
+        options = ["fmt", "shown", "guard", "unit", "formats", "title", "record", "name", "keys"]
+        hints = []
+        for u in unknown:
+            close = difflib.get_close_matches(u, [*options, *sorted(ASSUMPTIONS)], n=2)
+            hints.append(f"{u!r} (did you mean {' or '.join(map(repr, close))}?)" if close
+                         else repr(u))
+        raise TypeError(f"{where}: unknown keyword {', '.join(hints)}: not an option and not an "
+                        "assumption of guide.claims.ASSUMPTIONS (add a new kind of assumption "
+                        "there).")
+
+
 def shown_text(value: float | int | str, fmt: str | None = None) -> str:
     """How a value reads on a page: ``format(value, fmt)``, else the number as recorded with
     thousands separators (``1,356.7``, ``217,728``): pages record numbers rounded as they print
@@ -199,6 +230,7 @@ class Ledger:
         if not _PAGE.match(page):
             raise ValueError(f"page {page!r}: use the page's file name without extension, e.g. "
                              "'plot_ddp_vs_fsdp2' or 'pages/memory_calculator'.")
+        check_assumptions(assumptions, f"Ledger({page!r})")
         self.page = page
         self.records: list[Claim] = []
         self.tables: list[ShownTable] = []
@@ -229,6 +261,7 @@ class Ledger:
     @contextlib.contextmanager
     def scope(self, **assumptions: Any) -> Iterator[Ledger]:
         """Within ``with ledger.scope(steps=20):`` every claim also depends on ``steps=20``."""
+        check_assumptions(assumptions, "scope")
         self._scopes.append(dict(assumptions))
         try:
             yield self
@@ -293,6 +326,7 @@ class Ledger:
             shown = shown_text(value, fmt)
         if shown and not isinstance(value, str):
             value = _rounded(value, shown)
+        check_assumptions(assumptions, f"claim {name!r}")
         merged: dict[str, Any] = {}
         for scope in self._scopes:
             merged.update(scope)

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from guide.checked import Checked
+from guide.claims import check_assumptions
 
 __all__ = ["Link", "Table", "WIDTH", "conclusion", "gallery_scraper", "show", "table"]
 
@@ -172,6 +173,12 @@ def table(rows: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]],
     if unknown:
         raise ValueError(f"table: formats for unknown columns {sorted(unknown)}; columns are "
                          f"{list(columns)}.")
+    if assumptions and record is None:
+        raise TypeError(f"table: unknown keyword(s) {sorted(assumptions)} (assumptions are only "
+                        "taken with record=ledger; options are formats, title, record, name, "
+                        "keys).")
+    if record is not None:
+        check_assumptions(assumptions, f"table {name!r}")
     if (record is None) != (name is None):
         raise ValueError("table: give both record=ledger and name='<table name>', or neither.")
     if keys is not None and len(keys) != len(rows):

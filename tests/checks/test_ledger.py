@@ -51,7 +51,7 @@ def test_the_ledger_error_lists_every_contradiction_one_per_line() -> None:
 
 def test_a_record_survives_its_json_round_trip_whole() -> None:
     record = Claim("70b.ddp", 1051.3, "GiB", "pages/memory_calculator",
-                   (("buckets", "True"), ("world_size", "8")), "asserted: memory model")
+                   (("ddp_buckets", "True"), ("world_size", "8")), "asserted: memory model")
     assert Claim.from_json(record.to_json()) == record
 
 
@@ -66,19 +66,19 @@ def test_by_name_groups_records_in_name_then_page_order() -> None:
 
 def test_ledgers_of_several_pages_load_together(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(claims.LEDGER_ENV, str(tmp_path / "build" / "ledger"))  # made with parents
-    claims.Ledger("plot_a").claim("x", 1.0, "GiB", buckets=True)
+    claims.Ledger("plot_a").claim("x", 1.0, "GiB", ddp_buckets=True)
     claims.Ledger("pages/memory_calculator").claim("y", 2, "ranks", guard="cited: a paper")
     assert sorted(p.name for p in (tmp_path / "build" / "ledger").iterdir()) == [
         "pages__memory_calculator.jsonl", "plot_a.jsonl"]
     loaded = claims.load(tmp_path / "build" / "ledger")
     assert loaded == [Claim("y", 2, "ranks", "pages/memory_calculator", (), "cited: a paper"),
-                      Claim("x", 1.0, "GiB", "plot_a", (("buckets", "True"),), "computed")]
+                      Claim("x", 1.0, "GiB", "plot_a", (("ddp_buckets", "True"),), "computed")]
 
 
 def test_a_claim_records_every_field() -> None:
     ledger = claims.Ledger("plot_a")
-    assert ledger.claim("m.params", 217_728, "parameters", guard="cited: x", n=2) == 217_728
-    assert ledger.records == [Claim("m.params", 217_728, "parameters", "plot_a", (("n", "2"),),
+    assert ledger.claim("m.params", 217_728, "parameters", guard="cited: x", k=2) == 217_728
+    assert ledger.records == [Claim("m.params", 217_728, "parameters", "plot_a", (("k", "2"),),
                                     "cited: x")]
 
 
