@@ -104,6 +104,19 @@ def docs(session: nox.Session) -> None:
 
 
 @nox.session
+def page(session: nox.Session) -> None:
+    """The one-page loop: ``nox -s page -- plot_x`` re-runs one example (whatever changed in
+    ``guide``) into the last build of the site, every other page as that build left it, with the
+    site's checks (ledger, strict scan, recorded tables). Run ``nox -s docs`` once first, and again
+    before you stop: only it runs every page."""
+    if len(session.posargs) != 1:
+        session.error("give one example: nox -s page -- plot_ddp_vs_fsdp2")
+    _install(session, "docs")
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html",
+                env={**ENV, "GUIDE_PAGE": session.posargs[0]})
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (launcher, checks with injected faults, models, docs plumbing) on one
     pytest-xdist worker per core, at most 4 (``-- -n 0``: one process; see :func:`_workers`)."""

@@ -172,7 +172,21 @@ def _invalidate_on_guide_change() -> None:
     stamp.write_text(digest.hexdigest())
 
 
-_invalidate_on_guide_change()
+def _rerun_one_page(page: str) -> None:
+    """The one-page loop (``nox -s page -- plot_x``, ``GUIDE_PAGE=plot_x``): re-run that example
+    only, whatever changed in ``guide``; every other page keeps the output of the last build (the
+    site's checks still read them all). Not a test of the site: ``nox -s docs`` is."""
+    source = HERE.parent / "examples" / f"{page}.py"
+    if not source.exists():
+        names = sorted(p.stem for p in (HERE.parent / "examples").glob("plot_*.py"))
+        raise RuntimeError(f"GUIDE_PAGE={page!r}: no examples/{page}.py; one of {names}.")
+    (HERE / "auto_examples" / f"{page}.py.md5").unlink(missing_ok=True)
+
+
+if os.environ.get("GUIDE_PAGE"):
+    _rerun_one_page(os.environ["GUIDE_PAGE"].strip().removesuffix(".py"))
+else:
+    _invalidate_on_guide_change()
 
 # Execution-times pages left by builds from before ``write_computation_times`` was turned off.
 for _stale in (HERE / "sg_execution_times.rst", HERE / "auto_examples" / "sg_execution_times.rst"):
