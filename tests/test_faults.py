@@ -61,7 +61,8 @@ import sys
 sys.path.insert(0, {str(MAIN_EXAMPLE.parents[1] / "docs")!r})
 extensions = ["sphinx_gallery.gen_gallery", "ledger_ext"]
 sphinx_gallery_conf = {{"examples_dirs": "../examples", "gallery_dirs": "auto_examples",
-                       "filename_pattern": "/plot_", "download_all_examples": False}}
+                       "filename_pattern": "/plot_", "download_all_examples": False,
+                       "image_scrapers": ("matplotlib", "guide.report.gallery_scraper")}}
 suppress_warnings = ["ref.doc"]  # the page links the site's other pages, absent from this one
 '''
 INDEX = "Throwaway\n=========\n\n.. toctree::\n\n   auto_examples/index\n"
