@@ -102,11 +102,16 @@ class Table(str):
         return str(self)
 
 
+def _in_gallery() -> bool:
+    """Whether sphinx-gallery is executing a page now (stdout is its tee)."""
+    return type(sys.stdout).__module__.startswith("sphinx_gallery")
+
+
 def _rich_display() -> bool:
     """Whether something shows a cell's last value: sphinx-gallery executing an example (its
     stdout is then sphinx-gallery's tee; merely importing sphinx_gallery, as a test run may, does
     not count) or an IPython kernel."""
-    if type(sys.stdout).__module__.startswith("sphinx_gallery"):
+    if _in_gallery():
         return True
     ipython = sys.modules.get("IPython")
     return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
@@ -123,7 +128,7 @@ def show(obj: Table) -> None:
     if not isinstance(obj, Table):
         raise TypeError(f"show: got {type(obj).__name__}; give a report.table(...) (print other "
                         "values).")
-    if type(sys.stdout).__module__.startswith("sphinx_gallery"):
+    if _in_gallery():
         _GALLERY_QUEUE.append(obj)
     elif _rich_display():
         from IPython.display import display
