@@ -612,7 +612,8 @@ block_elements = sum(p.numel() for p in SHAPED.blocks.parameters())
 checks.expect("FSDP1 reduce-scatter volume", f"FSDP1 x{N}", rs_f1 >= block_elements,
               f"{rs_f1:,} elements per step, fewer than the blocks' {block_elements:,}.")
 checks.assert_losses_match(f"FSDP1 x{N}, LoRA", REF_LOSSES,
-                           mean_over_ranks([r["fsdp1"]["losses"] for r in RESULTS]), against=checks.SINGLE_PROCESS)
+                           mean_over_ranks([r["fsdp1"]["losses"] for r in RESULTS]),
+                           against=checks.SINGLE_PROCESS)
 checks.expect("FSDP1 refuses", "use_orig_params=False", "use_orig_params=False" in f1["refusal"],
               f"expected a ValueError, got {f1['refusal']!r}.")
 rs_f1 = ledger.record("finetune.lora.fsdp1.reduce_scatter_elements", checks.expect_order(

@@ -95,3 +95,31 @@ def test_landing_page_cards_follow_the_sections() -> None:
             if line.startswith(".. rubric::")] == [s.title for s in SECTIONS]
     assert [line.strip().removeprefix("../examples/") for line in rst.splitlines()
             if line.strip().startswith("../examples/")] == list(STORY)
+
+
+#: The longest line of code a 1440-px page shows without scrolling sideways: the browser test
+#: (tests/test_site.py, WIDE) measured a 115-character line 2 px too wide; 110 leaves a margin.
+CODE_WIDTH = 110
+
+
+def wide_code_lines(path: Path, width: int = CODE_WIDTH) -> list[tuple[int, str]]:
+    """The code lines (not the text blocks, which become prose) longer than ``width``: (line, text)."""
+    from sphinx_gallery.py_source_parser import split_code_and_text_blocks
+
+    blocks = split_code_and_text_blocks(str(path))[1]
+    return [(first + k, line) for kind, text, first in blocks if kind == "code"
+            for k, line in enumerate(text.splitlines()) if len(line) > width]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_code_fits_a_wide_screen_without_a_browser(path: Path) -> None:
+    """The browser session's wide-screen check, decided from the source in the fast suite."""
+    assert not wide_code_lines(path), (
+        f"{path.name}: code lines over {CODE_WIDTH} characters scroll sideways at 1440 px; wrap them: "
+        + "; ".join(f"line {n} ({len(text)} chars)" for n, text in wide_code_lines(path)))
+
+
+def test_wide_code_guard_sees_a_long_code_line_and_not_a_long_text_line(tmp_path: Path) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text('"""\nTitle\n=====\n"""\n# %%\n# ' + "t" * 130 + "\n\nx = 1  # " + "c" * 120 + "\n")
+    assert [len(text) for _, text in wide_code_lines(page)] == [129]
