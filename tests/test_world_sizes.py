@@ -4,13 +4,16 @@ Slurm script and the test matrix are generated from the same declarations."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import EXAMPLES, ROOT
 
@@ -123,7 +126,69 @@ def test_the_slurm_script_refuses_an_unsupported_size_before_the_job(tmp_path: P
     assert not (tmp_path / "srun-ran").exists()
 
 
+def declaring_statement(path: Path) -> ast.Module:
+    """The module-level statement of ``path`` that makes its ``guide.world_size(...)`` call, alone."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = [stmt for stmt in tree.body if any(
+        isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "world_size"
+        for node in ast.walk(stmt))]
+    assert len(found) == 1, f"{path.name}: {len(found)} module-level world_size statements"
+    return ast.Module(body=found, type_ignores=[])
+
+
 @pytest.mark.parametrize("path, n", UNSUPPORTED, ids=[f"{p.stem}-n{n}" for p, n in UNSUPPORTED])
+def test_the_declaring_statement_refuses_an_unsupported_size(path: Path, n: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each example's own declaring statement, as its file writes it, run in this process with
+    torchrun's rank-0 environment at ``n`` ranks and the example as ``__main__``, stops with the
+    message naming the example, its sizes and the command (in-process: the decision is made before
+    any rank starts, so no rank is started here; the two subprocess runs below show the exit)."""
+    for key in ("TORCHELASTIC_RUN_ID",):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {**TORCHRUN_ENV, "WORLD_SIZE": str(n)}.items():
+        monkeypatch.setenv(key, value)
+    main_module = types.ModuleType("__main__")
+    main_module.__file__ = str(path)
+    monkeypatch.setitem(sys.modules, "__main__", main_module)
+    namespace = {"__name__": "__main__", "__file__": str(path), "guide": guide}
+    with pytest.raises(UnsupportedWorldSize) as refused:
+        exec(compile(declaring_statement(path), str(path), "exec"), namespace)
+    message, contract = str(refused.value), declared(path)
+    assert f"{path.stem} supports {english(contract.supports)} ranks" in message
+    assert (f"you started {n}. Run `torchrun --standalone --nproc-per-node={contract.default} "
+            f"{path.name}`") in message
+    assert not set(namespace) - {"__name__", "__file__", "guide", "__builtins__"}  # stopped there
+
+
+def test_the_declaring_statement_accepts_each_supported_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same statements at every supported size return that size (the refusal above is not a
+    statement that refuses everything)."""
+    for key, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(key, value)
+    for path in EXAMPLE_FILES:
+        for n in declared(path).supports:
+            monkeypatch.setenv("WORLD_SIZE", str(n))
+            namespace = {"__name__": "__main__", "__file__": str(path), "guide": guide}
+            exec(compile(declaring_statement(path), str(path), "exec"), namespace)
+            statement = declaring_statement(path).body[0]
+            if isinstance(statement, ast.Assign):  # else a bare call: returning is accepting
+                value = namespace[statement.targets[0].id]
+                assert n in (value, *np.atleast_1d(value)), path.name
+
+
+#: The refusal run as a process: one example whose smallest size is too many (the main example at
+#: 1 rank) and one that needs a 2-D mesh (HSDP at 2). ``nox -s modes`` runs every unsupported size.
+REAL_REFUSALS = (UNSUPPORTED if os.environ.get("GUIDE_MODES") == "1" else
+                 [(p, n) for p, n in UNSUPPORTED
+                  if (p.stem, n) in {("plot_ddp_vs_fsdp2", 1), ("plot_hsdp", 2)}])
+
+
+def test_the_real_refusal_runs_are_the_two_named() -> None:
+    assert len(REAL_REFUSALS) == (len(UNSUPPORTED) if os.environ.get("GUIDE_MODES") == "1" else 2)
+
+
+@pytest.mark.parametrize("path, n", REAL_REFUSALS,
+                         ids=[f"{p.stem}-n{n}" for p, n in REAL_REFUSALS])
 def test_an_unsupported_size_stops_the_example_at_once(path: Path, n: int,
                                                        tmp_path: Path) -> None:
     """Started as torchrun's rank 0 at a size it does not support, the example exits 1 with the
