@@ -221,6 +221,12 @@ def _section_the_gallery(app) -> None:
         index.write_text(sectioned)
 
 
+def _drop_empty_code_blocks(app, docname: str, source: list[str]) -> None:
+    if docname.startswith("auto_examples/"):
+        source[0] = gallery_order.without_empty_code_blocks(source[0])
+
+
 def setup(app):
+    app.connect("source-read", _drop_empty_code_blocks)
     # After sphinx-gallery's generate_gallery_rst (builder-inited, priority 500) wrote the index.
     app.connect("builder-inited", _section_the_gallery, priority=600)

@@ -113,6 +113,17 @@ def sectioned_index(text: str) -> str:
     return text[:grid.start()] + body + text[grid.end():toctree.start()] + text[toctree.end():]
 
 
+#: A ``code-block`` directive (sphinx-gallery's ``codestr2rst``) with its options and no content: a
+#: cell whose every line is inside ``sphinx_gallery_start_ignore``/``end_ignore`` (a hidden check).
+_EMPTY_CODE_BLOCK = re.compile(r"^\.\. code-block:: \w+\n(?:   :[\w-]+:.*\n)*\n*(?=\S|\Z)", re.M)
+
+
+def without_empty_code_blocks(text: str) -> str:
+    """An example's generated rst without the code blocks that have nothing left to show (sphinx-
+    gallery renders them as empty grey boxes); the cell's output, if it printed any, stays."""
+    return _EMPTY_CODE_BLOCK.sub("", text)
+
+
 def landing_rst(gallery_dir: str = "../examples") -> str:
     """The landing page's cards: per section a rubric, its caption and a ``minigallery`` of its
     examples (cards in story order)."""

@@ -123,3 +123,18 @@ def test_wide_code_guard_sees_a_long_code_line_and_not_a_long_text_line(tmp_path
     page = tmp_path / "plot_x.py"
     page.write_text('"""\nTitle\n=====\n"""\n# %%\n# ' + "t" * 130 + "\n\nx = 1  # " + "c" * 120 + "\n")
     assert [len(text) for _, text in wide_code_lines(page)] == [129]
+
+
+def test_a_code_block_with_nothing_left_to_show_is_dropped_and_its_output_kept() -> None:
+    """A cell of hidden checks renders no empty grey box; a cell with code keeps its block."""
+    from gallery_order import without_empty_code_blocks
+    from sphinx_gallery.gen_rst import codestr2rst
+
+    empty = codestr2rst("\n\n", lang="Python", lineno=194)
+    kept = codestr2rst("x = 1\n", lang="Python", lineno=3)
+    out = ".. rst-class:: sphx-glr-script-out\n\n .. code-block:: none\n\n    printed\n\n"
+    text = "Intro.\n\n" + empty + out + kept + "\nMore text.\n"
+    cleaned = without_empty_code_blocks(text)
+    assert cleaned == "Intro.\n\n" + out + kept + "\nMore text.\n"
+    assert without_empty_code_blocks(cleaned) == cleaned
+    assert without_empty_code_blocks(empty) == ""  # the page's last cell
