@@ -1,13 +1,14 @@
 """The gallery in the order of the story, in sections (sphinx-gallery ``within_subsection_order``).
 
 A newcomer meets the page the site is named after first, then memory, communication, the FSDP2
-knobs, operating a job, and migrating. :data:`SECTIONS` is the one list: the gallery's index is
+knobs, operating a job, and migrating. :data:`SECTIONS` (the titles here, the examples as each declares itself) is the one list: the gallery's index is
 rewritten into these sections (a heading, a one-line caption, the section's cards, and a captioned
 toctree, so the sidebar's section navigation follows them; :func:`sectioned_index`), the landing
 page shows the same groups (:func:`landing_rst`), and :data:`STORY` is their concatenation. The
 example files stay where they are (one gallery, no subfolders): moving them would buy nothing the
-rewrite does not give. A new example must be placed here: an unlisted file fails the build with a
-message naming it, instead of landing wherever its file name sorts.
+rewrite does not give. An example places itself: its ``guide.Page(section=..., order=...)`` declaration
+(:mod:`guide.page`) names its section and its place in it; a file without one, or with a section
+that is not here, fails the build with a message naming it and the fix.
 """
 
 from __future__ import annotations
@@ -16,45 +17,66 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+from guide.page import declared_page
+
 
 class Section(NamedTuple):
     """A group of the gallery: its title, a one-line caption, its examples in story order."""
 
     title: str
     caption: str
-    files: tuple[str, ...]
+    files: tuple[str, ...] = ()
 
 
-SECTIONS = (
+#: The sections in story order, each with its caption; which examples each holds, and in what
+#: order, each example declares itself (``guide.Page(section=..., order=...)``).
+TITLES = (
     Section("Start here",
-            "DDP and FSDP2 train the same model to the same numbers; memory and traffic differ.",
-            ("plot_ddp_vs_fsdp2.py",)),
+            "DDP and FSDP2 train the same model to the same numbers; memory and traffic differ."),
     Section("Memory",
             "What each rank holds, where DDP runs out of memory and FSDP2 fits, depth, "
-            "activations.",
-            ("plot_memory_model_state.py", "plot_oom_ddp_vs_fsdp2.py", "plot_memory_vs_depth.py",
-             "plot_activation_memory.py")),
+            "activations."),
     Section("Communication and time",
-            "The collectives each strategy issues, counted; their time on GPUs, predicted.",
-            ("plot_communication.py", "plot_step_time_estimates.py")),
+            "The collectives each strategy issues, counted; their time on GPUs, predicted."),
     Section("Configure FSDP2",
-            "reshard_after_forward, mixed precision, gradient accumulation, gradient clipping.",
-            ("plot_reshard_after_forward.py", "plot_mixed_precision.py",
-             "plot_gradient_accumulation.py", "plot_gradient_clipping.py")),
+            "reshard_after_forward, mixed precision, gradient accumulation, gradient clipping."),
     Section("Operate: checkpoints, clusters",
-            "HSDP across nodes; saving, resharding and resuming with torch.distributed.checkpoint.",
-            ("plot_hsdp.py", "plot_checkpoint.py")),
+            "HSDP across nodes; saving, resharding and resuming with torch.distributed.checkpoint."),
     Section("Fine-tune",
-            "Frozen weights and LoRA adapters, pretrained weights in by broadcast, one file out.",
-            ("plot_finetune_lora.py",)),
+            "Frozen weights and LoRA adapters, pretrained weights in by broadcast, one file out."),
     Section("Beyond data parallel",
-            "Tensor parallel + FSDP2 on a 2-D mesh; torch.compile with fully_shard.",
-            ("plot_tp_fsdp2.py", "plot_compile_fsdp2.py")),
+            "Tensor parallel + FSDP2 on a 2-D mesh; torch.compile with fully_shard."),
     Section("Migrate and pitfalls",
-            "From FSDP1 to fully_shard, and the common mistakes with the message torch prints.",
-            ("plot_fsdp1_migration.py", "plot_pitfalls.py")),
+            "From FSDP1 to fully_shard, and the common mistakes with the message torch prints."),
 )
 
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+
+
+def sections(examples_dir: Path = EXAMPLES_DIR,
+             titles: tuple[Section, ...] = TITLES) -> tuple[Section, ...]:
+    """:data:`TITLES` with each section's examples, as the examples declare them. An unknown
+    section, two examples at one place, or an example without a declaration is an error naming the
+    file and the fix."""
+    placed: dict[str, list[tuple[int, str]]] = {t.title: [] for t in titles}
+    for path in sorted(examples_dir.glob("plot_*.py")):
+        page = declared_page(path)
+        if page.section not in placed:
+            raise ValueError(f"{path.name}: section {page.section!r} is not one of the gallery's "
+                             f"sections ({', '.join(placed)}); use one, or add it to TITLES in "
+                             f"{__file__}.")
+        placed[page.section].append((page.order, path.name))
+    for title, files in placed.items():
+        orders = [order for order, _ in files]
+        for order in sorted({o for o in orders if orders.count(o) > 1}):
+            clash = sorted(name for o, name in files if o == order)
+            raise ValueError(f"{' and '.join(clash)} both declare order={order} in section "
+                             f"{title!r}: give each its own place.")
+    return tuple(t._replace(files=tuple(name for _, name in sorted(placed[t.title])))
+                 for t in titles)
+
+
+SECTIONS = sections()
 STORY = tuple(name for section in SECTIONS for name in section.files)
 
 
@@ -67,8 +89,8 @@ class StoryOrder:
     def __call__(self, filename: str) -> int:
         name = Path(filename).name
         if name not in STORY:
-            raise ValueError(f"{name} is not placed in the gallery's story: add it to SECTIONS in "
-                             f"{__file__}.")
+            raise ValueError(f"{name} is not placed in the gallery's story: declare its section "
+                             "and order with guide.Page(section=..., order=...).")
         return STORY.index(name)
 
     def __repr__(self) -> str:  # sphinx-gallery caches on the config's repr
@@ -95,8 +117,9 @@ def sectioned_index(text: str) -> str:
     cards = {Path(m["doc"]).name + ".py": m[0] for m in _CARD.finditer(grid[0])}
     unplaced = sorted(set(cards) - set(STORY))
     if unplaced:
-        raise ValueError(f"{unplaced} not placed in the gallery's story: add them to SECTIONS in "
-                         f"{__file__}.")
+        raise ValueError(f"{unplaced} not placed in the gallery's story: declare their section "
+                         "and order with guide.Page(section=..., order=...) (SECTIONS is read "
+                         "from the examples).")
     prefix = "/" + Path(_CARD.search(grid[0])["doc"]).parent.as_posix() + "/"
     parts = []
     for section in SECTIONS:

@@ -1,6 +1,6 @@
 """Sphinx extension: each example's world sizes, as the example declares them, on the site.
 
-The one list is the ``guide.world_size(default, supports=(...), why=...)`` call at the top of each
+The one list is the ``guide.Page(..., world_size=default, supports=(...), why=...)`` declaration of each
 example (:mod:`guide.world_sizes` reads it without running the page). From it:
 
 * the ``world-sizes`` directive (cluster page, gallery index) renders every example with the sizes

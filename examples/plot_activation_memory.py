@@ -346,7 +346,9 @@ plt.show()
 # resident memory after that forward and its peak during the step
 # (:class:`guide.memory.PeakMemory`), how often each block's forward runs, and the step time.
 CFG = ModelConfig(vocab=128, d_model=128, n_layers=4, n_heads=4, d_mlp=512, max_seq=128)
-N = guide.world_size(2, supports=(2, 4))  # 2 here; torchrun's WORLD_SIZE under it
+PAGE = guide.Page(section="Memory", order=4, key_api="checkpoint_wrapper(", world_size=2,
+                  supports=(2, 4))
+N = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 SEQ, STEPS, MEASURED_STEP = 128, 6, 1  # step 0 warms up; 1 is measured; 2.. are timed
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=SEQ, vocab=CFG.vocab,
                             seed=0)

@@ -122,7 +122,9 @@ CFG = ModelConfig(n_layers=1)
 K = 3  # steps before the checkpoint, and after it
 BATCHES = synthetic_batches(steps=2 * K, batch_size=8, seq_len=16, vocab=CFG.vocab,
                             seed=0)
-SOURCE_N = guide.world_size(4, supports=(2, 4))  # torchrun's WORLD_SIZE under torchrun
+PAGE = guide.Page(section="Operate: checkpoints, clusters", order=2, key_api="dcp.save(",
+                  world_size=4, supports=(2, 4))
+SOURCE_N = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 SHAPES = param_shapes(build_model(CFG))
 ROOT = checkpoint.job_dir("guide-checkpoint")  # one path for every rank of every job
 ledger = claims.Ledger("plot_checkpoint")  # every number this page states

@@ -77,8 +77,9 @@ from guide.data import rank_slice, synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.training import make_optimizer, mean_over_ranks
 
-WORLD_SIZE = guide.world_size(
-    2, supports=(2, 4), why="checked at 2 and 4; 8 not run yet")
+PAGE = guide.Page(section="Beyond data parallel", order=2, key_api=".compile(", world_size=2,
+                  supports=(2, 4), why="checked at 2 and 4; 8 not run yet")
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 STEPS = 4
 CFG = ModelConfig(vocab=64, d_model=32, n_layers=4, n_heads=4, d_mlp=64, max_seq=8)
 BATCHES = synthetic_batches(steps=STEPS, batch_size=2 * WORLD_SIZE, seq_len=8,

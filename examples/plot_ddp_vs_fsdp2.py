@@ -75,7 +75,9 @@ from guide.sharding import Strategy
 from guide.training import (OPTIMIZERS, TrainResult, make_optimizer, mean_over_ranks,
                             reference_run, train_steps)
 
-WORLD_SIZE = guide.world_size(2, supports=(2, 4, 8))  # 2 here; torchrun's under torchrun
+PAGE = guide.Page(section="Start here", order=1, key_api="fully_shard(", world_size=2,
+                  supports=(2, 4, 8))
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 STEPS = 20
 CFG = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,

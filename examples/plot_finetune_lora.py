@@ -182,8 +182,9 @@ from guide.training import make_optimizer, mean_over_ranks, next_token_loss, tra
 
 if guide.under_torchrun():
     prepare()  # this process is a rank: freed memory must leave it before anything is measured
-WORLD_SIZE = guide.world_size(
-    2, supports=(2, 3, 4), why="1 rank has no peer to shard with; 8 was not run yet")
+PAGE = guide.Page(section="Fine-tune", order=1, key_api="fully_shard(", world_size=2,
+                  supports=(2, 3, 4), why="1 rank has no peer to shard with; 8 was not run yet")
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 CFG = ModelConfig(vocab=2048, d_model=256, n_layers=6, n_heads=4, d_mlp=1024, max_seq=32)
 LORA_RANK, ALPHA, SEED, K = 8, 16.0, 0, 3
 BATCHES = synthetic_batches(steps=1, batch_size=2 * WORLD_SIZE, seq_len=16, vocab=CFG.vocab,

@@ -105,9 +105,11 @@ from guide.sharding import fsdp2_units
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run, train_steps)
 
-WORLD_SIZE = guide.world_size(  # 4 here; torchrun's WORLD_SIZE under torchrun
-    4, supports=(4,), why="the HYBRID_SHARD row needs a 2-D mesh: an even N >= 4; at 8 the "
-    "SGD reference does not learn in its steps on that batch")
+PAGE = guide.Page(section="Migrate and pitfalls", order=1, key_api="fully_shard(", world_size=4,
+                  supports=(4,),
+                  why=("the HYBRID_SHARD row needs a 2-D mesh: an even N >= 4; at 8 the SGD "
+                       "reference does not learn in its steps on that batch"))
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 STEPS = 3
 CFG = ModelConfig(vocab=128, d_model=64, n_layers=2, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,

@@ -101,7 +101,9 @@ from guide.sharding import Strategy
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run)
 
-WORLD_SIZE = guide.world_size(2, supports=(2, 4))
+PAGE = guide.Page(section="Configure FSDP2", order=3, key_api="set_requires_gradient_sync(",
+                  world_size=2, supports=(2, 4))
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 K, B, STEPS = 4, 8, 3
 ledger = claims.Ledger("plot_gradient_accumulation")  # every number this page states
 CFG = ModelConfig(d_model=256, n_heads=4, d_mlp=1024, n_layers=4)

@@ -83,8 +83,10 @@ from guide.model import ModelConfig, build_model
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run, train_steps)
 
-WORLD_SIZE = guide.world_size(  # 4 here; torchrun's WORLD_SIZE under torchrun
-    4, supports=(4, 8), why="HSDP needs a 2-D mesh, 2 replicas x N/2 shards: an even N >= 4")
+PAGE = guide.Page(section="Operate: checkpoints, clusters", order=1, key_api="init_device_mesh(",
+                  world_size=4, supports=(4, 8),
+                  why="HSDP needs a 2-D mesh, 2 replicas x N/2 shards: an even N >= 4")
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 REPLICAS = 2
 SHARDS = WORLD_SIZE // REPLICAS
 STEPS = 4

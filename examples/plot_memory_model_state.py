@@ -86,8 +86,9 @@ CFG = ModelConfig(vocab=127, d_model=64, n_layers=2, n_heads=4, d_mlp=256, max_s
 BATCHES = synthetic_batches(steps=1, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)
 STRATEGIES = (Strategy.DDP, Strategy.ZERO1, Strategy.FSDP2, Strategy.FSDP2_NO_RESHARD)
 #: The world sizes measured: under torchrun, torchrun's WORLD_SIZE alone.
-WORLD_SIZES = ((guide.world_size(4, supports=(2, 4, 8)),) if guide.under_torchrun()
-               else (1, 2, 4))
+PAGE = guide.Page(section="Memory", order=1, key_api="fully_shard(", world_size=4,
+                  supports=(2, 4, 8))
+WORLD_SIZES = (PAGE.world_size,) if guide.under_torchrun() else (1, 2, 4)
 N = WORLD_SIZES[-1]  # the widest, which the sentences below quote
 #: (precision, optimizer) combinations measured on every (strategy, N).
 RUNS = (("fp32", "adamw"), ("bf16_mixed", "adamw"), ("bf16", "sgd_momentum"))

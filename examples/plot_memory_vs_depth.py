@@ -85,8 +85,9 @@ MiB = 2**20
 DEPTHS = (2, 9, 16)  # evenly spaced: the middle point is where a bend would show
 #: The world sizes: under torchrun, torchrun's WORLD_SIZE alone (its points share
 #: processes).
-NS = ((guide.world_size(2, supports=(2, 4), why="its batch of 4 sequences splits over at most 4"),)
-      if guide.under_torchrun() else (2, 4))
+PAGE = guide.Page(section="Memory", order=3, key_api="fully_shard(", world_size=2, supports=(2, 4),
+                  why="its batch of 4 sequences splits over at most 4")
+NS = (PAGE.world_size,) if guide.under_torchrun() else (2, 4)
 RUNS = [(s, n) for s in (Strategy.DDP, Strategy.FSDP2) for n in NS]
 PHASES = ("backward", "step")  # forward + backward; optimizer.step()
 BATCHES = synthetic_batches(steps=1, batch_size=4, seq_len=16, vocab=128, seed=0)

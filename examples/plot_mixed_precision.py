@@ -77,7 +77,9 @@ from guide import report
 from guide.report import show, table
 from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
 
-WORLD_SIZE = guide.world_size(2, supports=(2, 4))
+PAGE = guide.Page(section="Configure FSDP2", order=2, key_api="MixedPrecisionPolicy(",
+                  world_size=2, supports=(2, 4))
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 STEPS = 20
 CFG = ModelConfig()
 ledger = claims.Ledger("plot_mixed_precision")  # every number this page states

@@ -89,7 +89,9 @@ STEPS = 3
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab,
                             seed=0)
 HEADROOM = 3.5  # × P: room each rank may grow by above its own start
-WORLD_SIZE = guide.world_size(2, supports=(2, 4, 8))  # DDP's ranks; torchrun's under torchrun
+PAGE = guide.Page(section="Memory", order=2, key_api="fully_shard(", world_size=2,
+                  supports=(2, 4, 8))
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 #: FSDP2's jobs: 2 and 4 fresh ranks with python; torchrun's N alone under torchrun.
 FSDP_NS = (WORLD_SIZE,) if guide.under_torchrun() else (2, 4)
 if guide.under_torchrun():  # this process runs the jobs: no big allocation may stay in its heap,

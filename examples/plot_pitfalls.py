@@ -110,7 +110,9 @@ from guide.pitfalls import (assert_differs, assert_frozen, assert_partial,
 from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
                             reference_run, train_steps)
 
-WORLD_SIZE = guide.world_size(2, supports=(2, 4))  # torchrun's WORLD_SIZE under torchrun
+PAGE = guide.Page(section="Migrate and pitfalls", order=2, key_api="fully_shard(", world_size=2,
+                  supports=(2, 4))
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 CFG = ModelConfig(n_layers=2)
 STEPS = 3
 BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,

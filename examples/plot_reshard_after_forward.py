@@ -78,9 +78,12 @@ from guide.report import conclusion, show, table
 from guide.sharding import Strategy
 from guide.training import make_optimizer, mean_over_ranks, next_token_loss, train_steps
 
-WORLD_SIZE = guide.world_size(4, supports=(4,), why=(
-    "an integer reshard_after_forward must divide N and be neither 1 nor N: 2 has none; at 8 the "
-    "default's 0.28 MiB kept after forward is below what resident memory resolves"))
+PAGE = guide.Page(section="Configure FSDP2", order=1, key_api="reshard_after_forward=",
+                  world_size=4, supports=(4,),
+                  why=("an integer reshard_after_forward must divide N and be neither 1 nor N: 2 has"
+                       " none; at 8 the default's 0.28 MiB kept after forward is below what resident"
+                       " memory resolves"))
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 #: The integer setting: half the ranks, a divisor of N other than 1 and N at every supported N.
 K = WORLD_SIZE // 2
 CFG = ModelConfig(d_model=256, n_heads=4, d_mlp=1024, n_layers=4)

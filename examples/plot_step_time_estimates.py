@@ -80,7 +80,8 @@ from guide.report import show, table
 from guide.sharding import Strategy
 
 # It starts no job: every rank computes the same estimates, at any world size.
-guide.world_size(1, supports=(1, 2, 4, 8))
+PAGE = guide.Page(section="Communication and time", order=2, key_api="reshard_after_forward=",
+                  world_size=1, supports=(1, 2, 4, 8))
 ledger = Ledger("plot_step_time_estimates")
 CITED = ["dgx_h100.gpus", "h100.nvlink_bandwidth", "dgx_h100.nics", "ndr.nic_bandwidth",
          "nccl.tuning.base_latency", "nccl.tuning.nvlink_step_latency",

@@ -99,8 +99,10 @@ from guide.model import ModelConfig
 from guide.tensor_parallel import build_tp_model, expected_layout, plan_kinds, tp_local_shapes
 from guide.training import make_optimizer, mean_over_ranks
 
-WORLD_SIZE = guide.world_size(
-    4, supports=(4, 8), why="a (dp, tp) mesh with tp = 2 and dp >= 2: an even N >= 4")
+PAGE = guide.Page(section="Beyond data parallel", order=1, key_api="parallelize_module(",
+                  world_size=4, supports=(4, 8),
+                  why="a (dp, tp) mesh with tp = 2 and dp >= 2: an even N >= 4")
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 TP = 2
 DP = WORLD_SIZE // TP
 STEPS, SEQ, PER_DP = 4, 8, 2  # PER_DP sequences per data-parallel rank

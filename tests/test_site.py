@@ -37,6 +37,8 @@ from urllib.parse import unquote, urldefrag
 
 import pytest
 
+from guide.page import declared_page
+
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("GUIDE_SITE_DIR", ROOT / "docs" / "_build" / "html"))
 SCREENSHOTS = Path(os.environ.get("GUIDE_SCREENSHOT_DIR", ROOT / "docs" / "_build" / "screenshots"))
@@ -684,26 +686,9 @@ def test_browser_math_renders_offline(tmp_path):
 
 
 #: Per example, the call its lesson is about: the page's first code block must contain it.
-KEY_API = {
-    "plot_ddp_vs_fsdp2.py": "fully_shard(",
-    "plot_memory_model_state.py": "fully_shard(",
-    "plot_oom_ddp_vs_fsdp2.py": "fully_shard(",
-    "plot_memory_vs_depth.py": "fully_shard(",
-    "plot_activation_memory.py": "checkpoint_wrapper(",
-    "plot_communication.py": "fully_shard(",
-    "plot_step_time_estimates.py": "reshard_after_forward=",
-    "plot_reshard_after_forward.py": "reshard_after_forward=",
-    "plot_mixed_precision.py": "MixedPrecisionPolicy(",
-    "plot_gradient_accumulation.py": "set_requires_gradient_sync(",
-    "plot_gradient_clipping.py": "clip_grad_norm_(",
-    "plot_hsdp.py": "init_device_mesh(",
-    "plot_checkpoint.py": "dcp.save(",
-    "plot_fsdp1_migration.py": "fully_shard(",
-    "plot_pitfalls.py": "fully_shard(",
-    "plot_finetune_lora.py": "fully_shard(",
-    "plot_tp_fsdp2.py": "parallelize_module(",
-    "plot_compile_fsdp2.py": ".compile(",
-}
+#: Each example's key API, as its guide.Page(key_api=...) declaration names it: the call its first
+#: code block must contain.
+KEY_API = {p.name: declared_page(p).key_api for p in sorted((ROOT / "examples").glob("plot_*.py"))}
 #: The example pages whose first code block is checked live: every page opens lesson-first.
 LESSON_FIRST: tuple[str, ...] = tuple(KEY_API)
 #: Packages besides torch that a page's first block may import, each because the lesson is about it:

@@ -13,7 +13,6 @@ import time
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import EXAMPLES, ROOT
 
@@ -127,19 +126,19 @@ def test_the_slurm_script_refuses_an_unsupported_size_before_the_job(tmp_path: P
 
 
 def declaring_statement(path: Path) -> ast.Module:
-    """The module-level statement of ``path`` that makes its ``guide.world_size(...)`` call, alone."""
+    """The module-level statement of ``path`` that makes its ``guide.Page(...)`` call, alone."""
     tree = ast.parse(path.read_text(), str(path))
     found = [stmt for stmt in tree.body if any(
-        isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "world_size"
+        isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "Page"
         for node in ast.walk(stmt))]
-    assert len(found) == 1, f"{path.name}: {len(found)} module-level world_size statements"
+    assert len(found) == 1, f"{path.name}: {len(found)} module-level guide.Page statements"
     return ast.Module(body=found, type_ignores=[])
 
 
 @pytest.mark.parametrize("path, n", UNSUPPORTED, ids=[f"{p.stem}-n{n}" for p, n in UNSUPPORTED])
 def test_the_declaring_statement_refuses_an_unsupported_size(path: Path, n: int,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each example's own declaring statement, as its file writes it, run in this process with
+    """Each example's own declaring statement (``PAGE = guide.Page(...)``), as its file writes it, run in this process with
     torchrun's rank-0 environment at ``n`` ranks and the example as ``__main__``, stops with the
     message naming the example, its sizes and the command (in-process: the decision is made before
     any rank starts, so no rank is started here; the two subprocess runs below show the exit)."""
@@ -170,10 +169,7 @@ def test_the_declaring_statement_accepts_each_supported_size(monkeypatch: pytest
             monkeypatch.setenv("WORLD_SIZE", str(n))
             namespace = {"__name__": "__main__", "__file__": str(path), "guide": guide}
             exec(compile(declaring_statement(path), str(path), "exec"), namespace)
-            statement = declaring_statement(path).body[0]
-            if isinstance(statement, ast.Assign):  # else a bare call: returning is accepting
-                value = namespace[statement.targets[0].id]
-                assert n in (value, *np.atleast_1d(value)), path.name
+            assert namespace["PAGE"].world_size == n, path.name
 
 
 #: The refusal run as a process: one example whose smallest size is too many (the main example at

@@ -1,10 +1,13 @@
 """The world sizes an example supports: declared once, at the top of the page, and read from there.
 
-Each example declares its contract in one call, the first thing it does::
+Each example declares its contract in its page declaration (:mod:`guide.page`), before its first
+job::
 
-    WORLD_SIZE = guide.world_size(4, supports=(4, 8), why="HSDP needs a 2-D mesh: an even N >= 4")
+    PAGE = guide.Page(section="Operate: checkpoints, clusters", order=1, key_api="init_device_mesh(",
+                      world_size=4, supports=(4, 8), why="HSDP needs a 2-D mesh: an even N >= 4")
 
-At run time (:func:`guide.launcher.rank.world_size`) the call returns the default under ``python``
+(a script that is not a gallery page may call ``guide.world_size(4, supports=(4, 8))`` itself). At
+run time (:func:`guide.launcher.rank.world_size`) the call returns the default under ``python``
 and torchrun's ``WORLD_SIZE`` under torchrun, and stops at once, with :class:`UnsupportedWorldSize`
 naming the supported sizes and the command to use, when torchrun started a size outside it. The
 docs (the gallery index, the cluster page, each page's header), the Slurm script and the test
@@ -27,6 +30,8 @@ __all__ = ["Contract", "NoDeclaration", "UnsupportedWorldSize", "check", "declar
 
 #: The name of the declaring call, as an example spells it: ``guide.world_size(...)``.
 CALL = "world_size"
+#: The call that declares a gallery page, world sizes included (:mod:`guide.page`).
+PAGE_CALL = "Page"
 
 
 class NoDeclaration(ValueError):
@@ -91,11 +96,17 @@ def _script() -> str:
 def declared(path: str | Path) -> Contract:
     """The contract an example file declares, read without running it.
 
-    The file must make exactly one ``world_size(default, supports=(...), why="...")`` call, with
-    literal arguments; anything else is a :class:`ValueError` naming the file.
+    The file must make exactly one ``Page(..., world_size=default, supports=(...), why="...")``
+    call (a gallery page) or, failing that, one ``world_size(default, supports=(...), why="...")``
+    call, with literal arguments; anything else is a :class:`ValueError` naming the file.
     """
     path = Path(path)
-    calls = [node for node in ast.walk(ast.parse(path.read_text(), str(path)))
+    tree = ast.parse(path.read_text(), str(path))
+    pages = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and _name(node.func) == PAGE_CALL]
+    if pages:  # a gallery page: guide.Page(..., world_size=D, supports=(...), why=...)
+        return _from_page(pages, path)
+    calls = [node for node in ast.walk(tree)
              if isinstance(node, ast.Call) and _name(node.func) == CALL]
     if not calls:
         raise NoDeclaration(f"{path.name}: no guide.world_size(...) call declares its world sizes.")
@@ -113,6 +124,25 @@ def declared(path: str | Path) -> Contract:
         why = ast.literal_eval(kwargs["why"]) if "why" in kwargs else ""
     except ValueError:
         raise ValueError(f"{path.name}, line {call.lineno}: the world-size declaration must use "
+                         "literal values (the docs read it without running the page).") from None
+    return Contract(default, supports, why)
+
+
+def _from_page(calls: list[ast.Call], path: Path) -> Contract:
+    """The contract in a page's ``guide.Page(...)`` declaration (:mod:`guide.page` reads the rest)."""
+    if len(calls) != 1:
+        raise ValueError(f"{path.name}: expected one guide.Page(...) call declaring the page, "
+                         f"found {len(calls)}.")
+    kwargs = {k.arg: k.value for k in calls[0].keywords}
+    if "world_size" not in kwargs or "supports" not in kwargs:
+        raise ValueError(f"{path.name}, line {calls[0].lineno}: the page declaration lacks its "
+                         "world sizes: guide.Page(..., world_size=D, supports=(...), why='...').")
+    try:
+        default, supports = (ast.literal_eval(kwargs["world_size"]),
+                             tuple(ast.literal_eval(kwargs["supports"])))
+        why = ast.literal_eval(kwargs["why"]) if "why" in kwargs else ""
+    except ValueError:
+        raise ValueError(f"{path.name}, line {calls[0].lineno}: the page declaration must use "
                          "literal values (the docs read it without running the page).") from None
     return Contract(default, supports, why)
 
