@@ -48,6 +48,8 @@ TITLES = (
             "Tensor parallel + FSDP2 on a 2-D mesh; torch.compile with fully_shard."),
     Section("Migrate and pitfalls",
             "From FSDP1 to fully_shard, and the common mistakes with the message torch prints."),
+    Section("Contribute",
+            "The template a new page starts from: a declaration, a worker, a check, a table."),
 )
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
