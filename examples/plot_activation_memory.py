@@ -95,7 +95,8 @@ from guide.model import ModelConfig, build_model
 from guide.plotting import style
 from guide.report import show, table
 from guide.saved_tensors import SavedTensors
-from guide.training import OPTIMIZERS, make_optimizer, next_token_loss
+from guide.training import make_optimizer, next_token_loss
+from guide.optimizers import OPTIMIZERS
 
 KiB, MiB, GB = 2**10, 2**20, 10**9
 ledger = claims.Ledger("plot_activation_memory")  # every number this page states

@@ -114,7 +114,8 @@ from guide.memory import (RESOLUTION_BYTES, PeakMemory, param_shapes, per_rank_s
                           prepare)
 from guide.model import ModelConfig, TinyLM, build_model
 from guide.sharding import Strategy, apply_ddp, apply_fsdp2
-from guide.training import OPTIMIZERS, make_optimizer, mean_over_ranks, train_steps
+from guide.training import make_optimizer, mean_over_ranks, train_steps
+from guide.optimizers import OPTIMIZERS
 
 # dcp.load(no_dist=True) warns that it assumes one process, though it was told so.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")

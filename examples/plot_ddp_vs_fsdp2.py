@@ -72,8 +72,9 @@ from guide.data import synthetic_batches
 from guide.layout import full_state, param_layouts
 from guide.model import ModelConfig, build_model
 from guide.sharding import Strategy
-from guide.training import (OPTIMIZERS, TrainResult, make_optimizer, mean_over_ranks,
-                            reference_run, train_steps)
+from guide.training import TrainResult, make_optimizer, mean_over_ranks, train_steps
+from guide.optimizers import OPTIMIZERS
+from guide.reference import reference_run
 
 PAGE = guide.Page(section="Start here", order=1, key_api="fully_shard(", world_size=2,
                   supports=(2, 4, 8))

@@ -102,8 +102,8 @@ from guide.memory import StateBytes, measure, param_shapes, state_bytes_by_rank
 from guide.model import Block, ModelConfig, build_model
 from guide.report import show, table
 from guide.sharding import fsdp2_units
-from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
-                            reference_run, train_steps)
+from guide.training import make_optimizer, mean_over_ranks, next_token_loss, train_steps
+from guide.reference import reference_run
 
 PAGE = guide.Page(section="Migrate and pitfalls", order=1, key_api="fully_shard(", world_size=4,
                   supports=(4,),
@@ -305,7 +305,7 @@ print(f"FSDP1 without device_id on this machine: {results['no device_id'][0]}")
 # %%
 # 1. Both sides train the single-process model
 # --------------------------------------------
-# The reference is one process on the full batch (:func:`guide.training.reference_run`), and it
+# The reference is one process on the full batch (:func:`guide.reference.reference_run`), and it
 # must learn (:func:`guide.checks.assert_learns`). Every fp32 side must match its losses within
 # :data:`guide.checks.LOSS_TOL` and its parameters within :data:`guide.checks.PARAM_TOL` (SGD).
 # ``K`` micro-batches of a ``K``-th of the batch each make one step on the whole batch, so the

@@ -98,8 +98,8 @@ from guide.memory import MMAP_THRESHOLD, PeakMemory, prepare
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
 from guide.sharding import Strategy
-from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
-                            reference_run)
+from guide.training import make_optimizer, mean_over_ranks, next_token_loss
+from guide.reference import reference_run
 
 PAGE = guide.Page(section="Configure FSDP2", order=3, key_api="set_requires_gradient_sync(",
                   world_size=2, supports=(2, 4))

@@ -80,8 +80,8 @@ from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.layout import full_state, local_tensor, param_layouts
 from guide.memory import StateBytes, measure, param_shapes, state_bytes_by_rank
 from guide.model import ModelConfig, build_model
-from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
-                            reference_run, train_steps)
+from guide.training import make_optimizer, mean_over_ranks, next_token_loss, train_steps
+from guide.reference import reference_run
 
 PAGE = guide.Page(section="Operate: checkpoints, clusters", order=1, key_api="init_device_mesh(",
                   world_size=4, supports=(4, 8),

@@ -80,7 +80,8 @@ from guide.model import ModelConfig, build_model
 from guide.plotting import style
 from guide.report import conclusion, show, table
 from guide.sharding import Strategy
-from guide.training import OPTIMIZERS, make_optimizer, train_steps
+from guide.training import make_optimizer, train_steps
+from guide.optimizers import OPTIMIZERS
 
 CFG = ModelConfig(vocab=127, d_model=64, n_layers=2, n_heads=4, d_mlp=256, max_seq=30)
 BATCHES = synthetic_batches(steps=1, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)

@@ -75,7 +75,8 @@ from guide.model import ModelConfig, build_model
 from guide.plotting import FLOOR, legend_below, style
 from guide import report
 from guide.report import show, table
-from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
+from guide.training import make_optimizer, mean_over_ranks, train_steps
+from guide.reference import reference_run
 
 PAGE = guide.Page(section="Configure FSDP2", order=2, key_api="MixedPrecisionPolicy(",
                   world_size=2, supports=(2, 4))

@@ -80,7 +80,8 @@ from guide.model import ModelConfig, build_model
 from guide.plotting import legend_below, style
 from guide.report import conclusion, show, table
 from guide.sharding import Strategy
-from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
+from guide.training import make_optimizer, mean_over_ranks, train_steps
+from guide.reference import reference_run
 
 MiB = 2**20
 CFG = ModelConfig(vocab=128, d_model=512, n_layers=6, n_heads=8, d_mlp=2048, max_seq=32)

@@ -107,8 +107,8 @@ from guide.layout import chunk_sizes, full_state, local_tensor, param_layouts
 from guide.model import ModelConfig, TinyLM, build_model
 from guide.pitfalls import (assert_differs, assert_frozen, assert_partial,
                             assert_reproduces, caught, torch_source_says)
-from guide.training import (make_optimizer, mean_over_ranks, next_token_loss,
-                            reference_run, train_steps)
+from guide.training import make_optimizer, mean_over_ranks, next_token_loss, train_steps
+from guide.reference import reference_run
 
 PAGE = guide.Page(section="Migrate and pitfalls", order=2, key_api="fully_shard(", world_size=2,
                   supports=(2, 4))

@@ -32,7 +32,7 @@ from guide.memory.activations import CHECKPOINTING
 from guide.memory.cli import format_bytes, main
 from guide.memory.fit import GPU_BYTES
 from guide.memory.widget import CHECKED_CONFIGS, WIDGET_JS
-from guide.training import OPTIMIZERS
+from guide.optimizers import OPTIMIZERS
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

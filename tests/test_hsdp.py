@@ -27,7 +27,8 @@ from guide import checks
 from guide.data import synthetic_batches
 from guide.layout import ParamLayout, full_state, local_tensor, param_layouts
 from guide.model import ModelConfig, build_model
-from guide.training import make_optimizer, mean_over_ranks, reference_run, train_steps
+from guide.training import make_optimizer, mean_over_ranks, train_steps
+from guide.reference import reference_run
 
 HSDP = "(Replicate(), Shard(dim=0))"
 

@@ -12,15 +12,10 @@ from guide import checks
 from guide.data import micro_batches, synthetic_batches
 from guide.launcher.rank import Rank
 from guide.model import ModelConfig, build_model
-from guide.training import (
-    OPTIMIZERS,
-    NonFiniteLoss,
-    make_optimizer,
-    mean_over_ranks,
-    next_token_loss,
-    reference_run,
-    train_steps,
-)
+from guide.training import (NonFiniteLoss, make_optimizer, mean_over_ranks, next_token_loss,
+                            train_steps)
+from guide.optimizers import OPTIMIZERS
+from guide.reference import reference_run
 
 TINY = ModelConfig(vocab=32, d_model=16, n_layers=2, n_heads=2, d_mlp=32, max_seq=16)
 

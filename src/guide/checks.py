@@ -12,7 +12,7 @@ lists both, so a tolerance that no longer matches the build is visible there, no
 * loss, any step: :data:`LOSS_TOL`, for SGD and AdamW.
 * final parameters: :data:`PARAM_TOL`, per optimizer. AdamW's is wider than SGD's because Adam
   divides by sqrt(v), which magnifies the last bits of small gradients into whole lr-sized steps;
-  it stays a fraction of one step (the learning rates are in :data:`guide.training.OPTIMIZERS`),
+  it stays a fraction of one step (the learning rates are in :data:`guide.optimizers.OPTIMIZERS`),
   while a missing gradient sync moves parameters by about lr on every step.
 
 A gradient that is summed instead of averaged over 2 ranks doubles every SGD step: the parameters

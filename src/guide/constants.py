@@ -10,10 +10,17 @@ but not a second literal.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol
 
-from guide.claims import Ledger
+__all__ = ["CONSTANTS", "Constant", "LedgerLike", "cite", "value"]
 
-__all__ = ["CONSTANTS", "Constant", "cite", "value"]
+
+class LedgerLike(Protocol):
+    """What :func:`cite` needs of a ledger (:class:`guide.claims.Ledger`), named here so that the
+    constants do not import the claims layer that sits above them."""
+
+    def claim(self, name: str, value: Any, unit: str, *, guard: str = ...,
+              **assumptions: Any) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +162,7 @@ def value(name: str) -> float | int:
                        "guide.constants with its source.") from None
 
 
-def cite(ledger: Ledger, name: str) -> float | int:
+def cite(ledger: LedgerLike, name: str) -> float | int:
     """Record in ``ledger`` that its page states the constant ``name``; return its value."""
     c = CONSTANTS.get(name)
     if c is None:

@@ -1,4 +1,4 @@
-"""The training loop every run shares, and the single-process reference the distributed runs must match.
+"""The training loop every run shares (the single-process reference it runs is :mod:`guide.reference`).
 
 The loop is deliberately plain: ``zero_grad``, forward, loss, ``backward``, ``step``. Wrapping the model
 in ``DDP(...)`` or applying ``fully_shard`` changes *nothing* here; the gradient communication
@@ -9,47 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from guide.checks import assert_learns
 from guide.data import rank_slice
 from guide.launcher.rank import Rank
-from guide.layout import ParamLayout, full_state
-from guide.model import ModelConfig, build_model
+from guide.layout import ParamLayout
+from guide.optimizers import OPTIMIZERS
 
-__all__ = ["OPTIMIZERS", "NonFiniteLoss", "Optimizer", "TrainResult", "make_optimizer",
-           "mean_over_ranks", "next_token_loss", "reference_run", "train_steps"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Optimizer:
-    """One optimizer of the site: how to build it, and what state it keeps per parameter.
-
-    ``moments`` counts the per-element state tensors (SGD 0, momentum 1, AdamW 2: ``exp_avg`` and
-    ``exp_avg_sq``); ``step_bytes`` is the per-parameter ``step`` counter AdamW keeps (a 0-d fp32
-    tensor). The memory model reads these; the training loop calls :attr:`factory`.
-    """
-
-    key: str
-    label: str
-    factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-    moments: int
-    step_bytes: int
-
-
-#: The optimizers the site knows, by key. SGD is the sharp instrument (update = lr * grad: a 2x
-#: gradient is a 2x step); AdamW normalises the gradient scale away.
-OPTIMIZERS: dict[str, Optimizer] = {o.key: o for o in (
-    Optimizer("sgd", "SGD", lambda params: torch.optim.SGD(params, lr=0.1), 0, 0),
-    Optimizer("sgd_momentum", "SGD + momentum",
-              lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), 1, 0),
-    Optimizer("adamw", "AdamW",
-              lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01), 2, 4),
-)}
+__all__ = ["NonFiniteLoss", "TrainResult", "make_optimizer", "mean_over_ranks", "next_token_loss",
+           "train_steps"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,19 +98,3 @@ def mean_over_ranks(per_rank_losses: Sequence[Sequence[float]]) -> list[float]:
     if not per_rank_losses or len({len(r) for r in per_rank_losses}) != 1:
         raise ValueError("every rank must report the same number of steps.")
     return [math.fsum(step) / len(step) for step in zip(*per_rank_losses)]
-
-
-
-
-def reference_run(cfg: ModelConfig, optimizer: str, batches: torch.Tensor,
-                  seed: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """One process, the full global batch: the losses and final parameters a correct DDP or FSDP2
-    run must reproduce. Raises :class:`guide.checks.CheckFailed` if its loss does not fall
-    (:func:`guide.checks.assert_learns`): a run that matches a reference that does not learn proves
-    nothing."""
-    model = build_model(cfg, seed)
-    losses = train_steps(model, make_optimizer(optimizer, model.parameters()), batches)
-    with torch.no_grad():  # the first batch again, after training: the same data, so only learning
-        after = next_token_loss(model, batches[0]).item()  # can lower its loss
-    assert_learns(f"single-process reference, {optimizer}", [losses[0], after])
-    return losses, full_state(model)

@@ -31,7 +31,8 @@ from guide.memory import (
     storage_bytes,
 )
 from guide.model import ModelConfig, build_model
-from guide.training import OPTIMIZERS, make_optimizer, train_steps
+from guide.training import make_optimizer, train_steps
+from guide.optimizers import OPTIMIZERS
 
 # -- single process ------------------------------------------------------------------------------------
 

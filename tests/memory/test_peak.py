@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import guide
+from guide.launcher import heap
 from guide.memory import peak as peak_memory
 from guide.memory.peak import PeakMemory, current_bytes, data_segment_bytes, prepare
 
@@ -58,7 +59,7 @@ def test_untouched_reservation_is_not_counted_but_data_segment_is():
 
 
 def test_without_prepare_refuses(monkeypatch):
-    monkeypatch.setattr(peak_memory, "_prepared_pid", None)
+    monkeypatch.setattr(heap, "_prepared_pid", None)
     assert not peak_memory.is_prepared()
     with pytest.raises(RuntimeError, match=r"prepare\(\)"):
         with PeakMemory("cpu"):

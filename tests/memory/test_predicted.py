@@ -23,7 +23,7 @@ from guide.memory import (
 )
 from guide.memory import predicted
 from guide.sharding import Strategy
-from guide.training import OPTIMIZERS
+from guide.optimizers import OPTIMIZERS
 
 # -- ZeRO's formulas and bytes per parameter --------------------------------------------------------
 
@@ -46,7 +46,7 @@ def test_bytes_per_parameter(precision, optimizer, bytes_per_param):
 
 
 def test_optimizer_moments_come_from_training():
-    """One vocabulary: the memory model reads moments and step bytes from training.OPTIMIZERS, so
+    """One vocabulary: the memory model reads moments and step bytes from optimizers.OPTIMIZERS, so
     a change there changes the prediction (no private copy to drift)."""
     shapes = [(10, 10)]
     for key, spec in OPTIMIZERS.items():

@@ -27,9 +27,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from guide.launcher.heap import prepare
 from guide.launcher.rank import Rank
 from guide.launcher.torch_support import check_gloo_avg
-from guide.memory.peak import prepare
 
 __all__ = ["Spec", "limit_memory", "rank_main", "teardown", "to_cpu"]
 

@@ -38,7 +38,7 @@ from guide.memory.fit import (
 from guide.memory.predicted import PRECISIONS
 from guide.report import table
 from guide.sharding import Strategy
-from guide.training import OPTIMIZERS
+from guide.optimizers import OPTIMIZERS
 
 __all__ = ["UNITS", "format_bytes", "main"]
 

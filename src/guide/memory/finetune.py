@@ -53,7 +53,7 @@ def finetune_state_bytes(frozen_shapes: Sequence[Sequence[int]],
     shards (in ``frozen_precision``'s parameter bytes: ``"bf16"`` for a bf16 base, ``"fp32"``)
     plus the trainable parameters' shards, gradients and ``optimizer`` state (in
     ``trainable_precision``). Every precision and optimizer is a key of
-    :data:`~guide.memory.PRECISIONS` / :data:`guide.training.OPTIMIZERS`.
+    :data:`~guide.memory.PRECISIONS` / :data:`guide.optimizers.OPTIMIZERS`.
 
     >>> [s.model_state for s in finetune_state_bytes([(4, 4)], [(2, 4), (4, 2)], 2,
     ...  frozen_precision="bf16", trainable_precision="fp32", optimizer="adamw")]

@@ -6,7 +6,7 @@ as tensor storage bytes: the CUDA caching allocator's rounding, the CUDA context
 are not modelled and not measured).
 
 The vocabulary is the site's: strategies are :class:`guide.sharding.Strategy` (or its key),
-optimizers are :data:`guide.training.OPTIMIZERS` (their ``moments`` and ``step_bytes``), precisions
+optimizers are :data:`guide.optimizers.OPTIMIZERS` (their ``moments`` and ``step_bytes``), precisions
 are :data:`~guide.memory.PRECISIONS` below.
 
 * **Strategies**:
@@ -52,7 +52,7 @@ from guide.memory.activations import activation_bytes
 from guide.memory.architectures import Architecture, Shape
 from guide.memory.state import StateBytes
 from guide.sharding import Strategy
-from guide.training import OPTIMIZERS, Optimizer
+from guide.optimizers import OPTIMIZERS, Optimizer
 from guide.validate import positive_int
 
 __all__ = ["GPU_MEMORY_CONSTANTS", "GPU_TOTAL_MEMORY_GIB", "PRECISIONS", "WORLD_SIZES", "Precision",

@@ -40,7 +40,7 @@ from guide.memory.fit import (
     GPU_BYTES,
 )
 from guide.memory.predicted import PRECISIONS
-from guide.training import OPTIMIZERS
+from guide.optimizers import OPTIMIZERS
 
 __all__ = ["CHECKED_CONFIGS", "WIDGET_JS", "StaleWidget", "check", "data", "main", "render",
            "source_hash"]
