@@ -87,7 +87,7 @@ def loss_global_sum(model, inputs, targets):  # with sum_gradients(model)
 # The site's synthetic sequences, each cut to its own length: positions past it are padding (their
 # target is ``IGNORE``; attention is causal, so padding after a sequence never changes its real
 # positions). The lengths are drawn at random and sorted, so rank 0's rows are long and rank 1's
-# short: the per-rank token counts differ by a large factor.
+# short: rank 0 holds about twice rank 1's tokens.
 import dataclasses
 
 import matplotlib.pyplot as plt
@@ -126,8 +126,8 @@ report.show(report.table(
     [[f"rank {r}", *(ledger.claim(f"loss_norm.tokens.step{s}.rank{r}", counts[s][r], "tokens",
                                   **SETUP) for s in range(STEPS))] for r in range(WORLD_SIZE)],
     ["rank", *(f"step {s} tokens" for s in range(STEPS))], title="Real tokens per rank"))
-checks.expect("unequal tokens", "the data", min(max(c) / min(c) for c in counts) >= 2,
-              f"per-rank token counts {counts}: the page needs them unequal by at least 2x.")
+checks.expect("unequal tokens", "the data", min(max(c) / min(c) for c in counts) >= 1.5,
+              f"per-rank token counts {counts}: the page needs them unequal (by half again).")
 
 # %%
 # The runs, and the single-process reference
@@ -190,7 +190,7 @@ def reference(objective: str) -> dict:
             loss = token_loss_sum(model, INPUTS[step], TARGETS[step]) / (
                 TARGETS[step] != IGNORE).sum()
         else:
-            slices = [(rank_slice(t[step], r, WORLD_SIZE) for t in (INPUTS, TARGETS))
+            slices = [tuple(rank_slice(t[step], r, WORLD_SIZE) for t in (INPUTS, TARGETS))
                       for r in range(WORLD_SIZE)]
             loss = sum(loss_per_rank_mean(model, i, t) for i, t in slices) / WORLD_SIZE
         loss.backward()
@@ -250,9 +250,10 @@ bug = per_rank[0]["per_rank_mean"]
 explained = checks.assert_params_match(
     f"FSDP2 x{WORLD_SIZE}, per-rank mean", REWEIGHTED["params"], bug["params"],
     checks.PARAM_TOL["sgd"], against="one process on the mean of the rank slices' means")
+explained = ledger.record("loss_norm.per_rank_mean.matches_reweighted", explained, fmt=".1e",
+                          **SETUP)
 print(f"\nThe per-rank mean trains on the mean of the ranks' means: its parameters match one "
-      f"process minimising that objective within "
-      f"{ledger.record('loss_norm.per_rank_mean.matches_reweighted', explained, fmt='.1e', **SETUP)}.")
+      f"process minimising that objective within {explained:.1e}.")
 
 # %%
 # Which fix

@@ -100,6 +100,7 @@ def evaluate(model, loss_fn, batches) -> list[float]:
 # ``STEPS`` steps; the second one is recorded twice: by :class:`guide.comm.CollectiveLog` (every
 # collective, with its phase) and by :class:`guide.unshard_timeline.UnshardTimeline` (torch's
 # profiler: which unit each all-gather is for, and when each unit's forward and backward ran).
+# One more run evaluates between its training steps, the default way and with ``evaluate``.
 import dataclasses
 
 import matplotlib.pyplot as plt
@@ -201,6 +202,8 @@ def worker(rank: guide.Rank) -> dict:
 
 per_rank = guide.launch(worker, WORLD_SIZE)
 results = {s.key: [r[s.key] for r in per_rank] for s in SETTINGS}
+for s in SETTINGS:  # the depth a setting's label names ("prefetch 2")
+    ledger.claim(f"prefetch.{s.key}.depth", s.depth, "units ahead")
 REF_LOSSES, REF_PARAMS = reference_run(CFG, "sgd", BATCHES)
 
 # %%
@@ -353,11 +356,10 @@ for mode in ("default", "switched"):
     checks.expect("evaluation", mode, seen == EXPECT[mode],
                   f"(all-gathers, plain parameters) after each eval forward: {seen}; expected "
                   f"{EXPECT[mode]}.")
-    with ledger.scope(batch=len(EVAL)):
-        cells = [ledger.claim(f"prefetch.eval.{mode}.{which}_forward_all_gathers", g, "calls",
-                              **SETUP) for which, (g, _) in zip(("first", "second"), seen)]
-        plain = ledger.claim(f"prefetch.eval.{mode}.plain_params_after", seen[-1][1],
-                             "parameters", **SETUP)
+    cells = [ledger.claim(f"prefetch.eval.{mode}.{which}_forward_all_gathers", g, "calls",
+                          **SETUP) for which, (g, _) in zip(("first", "second"), seen)]
+    plain = ledger.claim(f"prefetch.eval.{mode}.plain_params_after", seen[-1][1],
+                         "parameter tensors", **SETUP)
     eval_rows.append([mode if mode == "default" else "set_reshard_after_forward(False)",
                       *cells, plain])
 
@@ -383,8 +385,8 @@ checks.assert_losses_match(f"FSDP2 x{WORLD_SIZE}, trained around both evaluation
                            against=checks.SINGLE_PROCESS)
 report.show(report.table(eval_rows, ["eval forwards", "1st batch all-gathers",
                                      "2nd batch all-gathers", "plain tensors after"],
-                         title=f"Two eval batches ({n_params} parameters)"))
-ledger.claim("prefetch.params_tensors", n_params, "parameters", model="tinylm")
+                         title=f"Two eval batches ({n_params} parameter tensors)"))
+ledger.claim("tinylm.parameter_tensors", n_params, "parameter tensors", model="tinylm")
 
 # %%
 # What only a GPU shows

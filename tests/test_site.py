@@ -622,7 +622,9 @@ def test_browser_landing_pick_column_is_on_a_phone_screen(tmp_path):
 
 #: A topic's name -> its own page, which must be the first search result.
 SEARCH_FIRST = {"reshard_after_forward": "auto_examples/plot_reshard_after_forward.html",
-                "out of memory": "auto_examples/plot_oom_ddp_vs_fsdp2.html"}
+                "out of memory": "auto_examples/plot_oom_ddp_vs_fsdp2.html",
+                "prefetch": "auto_examples/plot_prefetch_and_units.html",
+                "loss normalisation": "auto_examples/plot_loss_normalisation.html"}
 #: Pages that must not crowd the top of a result list.
 SEARCH_LOW = ("pages/ledger.html", "api.html")
 
@@ -693,6 +695,8 @@ KEY_API = {
     "plot_communication.py": "fully_shard(",
     "plot_step_time_estimates.py": "reshard_after_forward=",
     "plot_reshard_after_forward.py": "reshard_after_forward=",
+    "plot_prefetch_and_units.py": "set_modules_to_forward_prefetch(",
+    "plot_loss_normalisation.py": "set_gradient_divide_factor(",
     "plot_mixed_precision.py": "MixedPrecisionPolicy(",
     "plot_gradient_accumulation.py": "set_requires_gradient_sync(",
     "plot_gradient_clipping.py": "clip_grad_norm_(",
