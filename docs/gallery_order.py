@@ -39,7 +39,8 @@ TITLES = (
     Section("Communication and time",
             "The collectives each strategy issues, counted; their time on GPUs, predicted."),
     Section("Configure FSDP2",
-            "reshard_after_forward, mixed precision, gradient accumulation, gradient clipping."),
+            "reshard_after_forward, prefetching and per-unit settings, mixed precision, gradient "
+            "accumulation, loss normalisation, gradient clipping."),
     Section("Operate: checkpoints, clusters",
             "HSDP across nodes; saving, resharding and resuming with torch.distributed.checkpoint."),
     Section("Fine-tune",

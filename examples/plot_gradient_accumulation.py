@@ -101,7 +101,7 @@ from guide.sharding import Strategy
 from guide.training import make_optimizer, mean_over_ranks, next_token_loss
 from guide.reference import reference_run
 
-PAGE = guide.Page(section="Configure FSDP2", order=3, key_api="set_requires_gradient_sync(",
+PAGE = guide.Page(section="Configure FSDP2", order=4, key_api="set_requires_gradient_sync(",
                   world_size=2, supports=(2, 4))
 WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 K, B, STEPS = 4, 8, 3

@@ -65,7 +65,7 @@ from guide.model import ModelConfig, build_model
 from guide.sharding import Strategy
 from guide.training import make_optimizer, mean_over_ranks, next_token_loss
 
-PAGE = guide.Page(section="Configure FSDP2", order=4, key_api="clip_grad_norm_(", world_size=2,
+PAGE = guide.Page(section="Configure FSDP2", order=6, key_api="clip_grad_norm_(", world_size=2,
                   supports=(2, 4))
 WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 STEPS = 20

@@ -78,7 +78,7 @@ from guide.report import show, table
 from guide.training import make_optimizer, mean_over_ranks, train_steps
 from guide.reference import reference_run
 
-PAGE = guide.Page(section="Configure FSDP2", order=2, key_api="MixedPrecisionPolicy(",
+PAGE = guide.Page(section="Configure FSDP2", order=3, key_api="MixedPrecisionPolicy(",
                   world_size=2, supports=(2, 4))
 WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 STEPS = 20
