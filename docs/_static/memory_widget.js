@@ -317,7 +317,7 @@
     "hsdp": "HSDP",
     "zero1": "ZeRO-1"
    },
-   "source_hash": "90c2a50e9eb1",
+   "source_hash": "fbbb4c8c8f77",
    "strategies": [
     "ddp",
     "zero1",

@@ -191,7 +191,8 @@ ARCH = ["--hidden", "64", "--vocab", "10", "--heads", "1", "--mlp", "8"]
     (["--params", "1e30"], "--params must be at most 9,007,199,254,740,991, got 1e30."),
     (["--params", "9007199254740993"], "at most 9,007,199,254,740,991, got 9007199254740993."),
     (["--params", "2.5e0"], "--params must be a whole number, got 2.5e0."),
-    (["--params", "7e9", "-N", "-" + "9" * 31], f"--world-size must be at least 1, got -{'9' * 31}."),
+    (["--params", "7e9", "-N", "-" + "9" * 31],
+     f"--world-size must be at least 1, got -{'9' * 31}."),
     (["--params", "7e9", "-N", "9" * 31], "--world-size must be at most 16,384"),
     (["--params", "7e9", "-N", "100000000", "--strategy", "all"], "--world-size must be at most"),
     (["--params", "7e9", "-N", *map(str, range(1, 10))], "at most 8 world sizes at once, got 9."),
@@ -205,7 +206,8 @@ ARCH = ["--hidden", "64", "--vocab", "10", "--heads", "1", "--mlp", "8"]
     (["--hidden", "1048576", "--vocab", "16777216", "--heads", "1", "--mlp", "4194304",
       "--layers", "512"], "parameters, more than 9,007,199,254,740,991: reduce a dimension."),
     (["--params", "7e9", "--gpu-memory", "inf"], '--gpu-memory must be a positive number of GiB'),
-    (["--params", "7e9", "--gpu-memory", "1e400"], "--gpu-memory must be at most 1,048,576 GiB, got 1e400."),
+    (["--params", "7e9", "--gpu-memory", "1e400"],
+     "--gpu-memory must be at most 1,048,576 GiB, got 1e400."),
     (["--params", "7e9", "--gpu-memory", "2e6"], "--gpu-memory must be at most 1,048,576 GiB"),
     (["--params", "7e9", "--gpu", "A100"], 'unknown --gpu "A100"; choose one of H100 (80 GB)'),
     (["--params", "7e9", "--precision", "fp64"],
@@ -286,7 +288,7 @@ def test_lora_rank_rejects_nonsense(argv, match, capsys):
     assert exc.value.code == 2 and match in capsys.readouterr().err
 
 
-# -- one rounding rule: half to even, on the exact byte count ---------------------------------------
+# -- one rounding rule: half to even, on the exact byte count ------------------------------------
 
 @pytest.mark.parametrize(("n", "text"), [
     (2125 * 2**30 // 1000, "2.12 GiB"),  # 2.125 GiB exactly: a tie, 2 is even
@@ -305,7 +307,8 @@ def test_format_bytes_rounds_half_to_even_exactly(n, text):
 
 def test_the_table_rounds_a_tie_half_to_even(capsys):
     """bf16 parameters of 1,140,850,688 elements: 2.125 GiB, printed 2.12 (half to even)."""
-    assert main(["--params", "1140850688", "--precision", "bf16", "--strategy", "ddp", "-N", "1"]) == 0
+    assert main(["--params", "1140850688", "--precision", "bf16", "--strategy", "ddp",
+                 "-N", "1"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("DDP"))
     assert row.split()[2:4] == ["2.12", "GiB"], row
 

@@ -1,6 +1,6 @@
-// Runs docs/_static/memory_widget.js's model in Node, without a page: tests/memory/test_widget_js.py
-// sends a JSON list of calls on stdin ([name, ...args]: a function of MemoryWidget.model) and reads
-// the results as JSON on stdout (BigInt as strings; {"error": message} for a call that throws).
+// Runs docs/_static/memory_widget.js's model in Node, without a page: test_widget_js.py sends a
+// JSON list of calls on stdin ([name, ...args]: a function of MemoryWidget.model) and reads the
+// results as JSON on stdout (BigInt as strings; {"error": message} for a call that throws).
 "use strict";
 const path = require("path");
 const fs = require("fs");

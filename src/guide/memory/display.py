@@ -1,4 +1,4 @@
-"""How the calculator writes its numbers and its assumptions, the same in the command and the widget.
+"""How the calculator writes numbers and assumptions, the same in the command and the widget.
 
 One rounding rule: a byte count in a unit (KiB, MiB, GiB, TiB) is rounded to two decimals
 **half to even**, exactly (integer arithmetic on the bytes, no float): 2.125 GiB reads 2.12 and
