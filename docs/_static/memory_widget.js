@@ -525,7 +525,8 @@
     if (cfg.preset) return DATA.presets[cfg.preset];
     return { vocab: cfg.vocab, hidden: cfg.hidden, layers: cfg.layers, heads: cfg.heads,
       kv_heads: cfg.kv_heads || null, mlp: cfg.mlp, tied_embeddings: !!cfg.tied, gated_mlp: true,
-      bias: false, layernorm: false, learned_positions: false, max_seq_len: null };
+      bias: false, layernorm: false, learned_positions: false,
+      max_seq_len: cfg.max_seq_len || null };
   };
 
   /** Everything the calculator shows for one configuration (guide.memory.fit.fit_report). */
@@ -696,6 +697,7 @@
     } else {
       int("layers"); int("hidden"); int("heads"); int("vocab"); int("mlp");
       if (String(raw.kv_heads ?? "").trim() !== "") int("kv_heads");
+      if (String(raw.max_seq_len ?? "").trim() !== "") int("max_seq_len");
       cfg.tied = !!raw.tied;
       if (cfg.hidden && cfg.heads) {
         const e = M.checkHeads(cfg.hidden, cfg.heads, cfg.kv_heads);
@@ -722,8 +724,10 @@
       const r = M.parseGib(raw.gib);
       if (r.error) errors.push(r.error); else cfg.gib = r.value;
     }
-    if (cfg.preset && cfg.seq_len) {
-      const e = M.checkSeqLen(cfg.seq_len, DATA.presets[cfg.preset].max_seq_len, cfg.preset);
+    if (cfg.seq_len && (cfg.preset || cfg.max_seq_len)) {
+      const e = cfg.preset
+        ? M.checkSeqLen(cfg.seq_len, DATA.presets[cfg.preset].max_seq_len, cfg.preset)
+        : M.checkSeqLen(cfg.seq_len, cfg.max_seq_len, "this architecture");
       if (e) errors.push(e);
     }
     if (!errors.length && cfg.params === undefined) {
@@ -848,12 +852,13 @@
     ["base_precision", "LoRA: frozen base in", "select", false],
   ];
   const ARCH = [["layers", "Layers"], ["hidden", "Hidden size"], ["heads", "Attention heads"],
-    ["kv_heads", "KV heads (blank: = heads)"], ["vocab", "Vocabulary"], ["mlp", "MLP size"]];
+    ["kv_heads", "KV heads (blank: = heads)"], ["vocab", "Vocabulary"], ["mlp", "MLP size"],
+    ["max_seq_len", "Longest sequence (blank: unknown)"]];
   const DEFAULTS = { preset: "llama-3-8b", precision: "bf16_mixed", optimizer: "adamw",
     seq_len: "4096", micro_batch: "1", checkpointing: "none", gpu: "H100 (80 GB)", gib: "",
     world_size: "8", strategy: "all", shard_group: String(DATA.default_shard_group || 8),
     params: "70e9", layers: "32", hidden: "4096", heads: "32", kv_heads: "8", vocab: "128256",
-    mlp: "14336",
+    mlp: "14336", max_seq_len: "",
     tied: "", lora_rank: "", base_precision: "bf16" };
 
   function options(key) {

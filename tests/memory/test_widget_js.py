@@ -279,3 +279,19 @@ def test_a_parameter_count_has_no_lora():
     (got,) = js(["parse", raw])
     assert got["errors"] == ["LoRA rank adds adapters to every linear: choose a model or a "
                              "custom shape, not a parameter count."]
+
+
+def test_a_custom_shape_takes_its_longest_sequence_like_the_command(capsys):
+    raw = {"preset": "custom", "layers": "2", "hidden": "64", "heads": "4", "kv_heads": "",
+           "vocab": "100", "mlp": "96", "max_seq_len": "1024", "precision": "bf16_mixed",
+           "optimizer": "adamw", "checkpointing": "none", "strategy": "all", "seq_len": "2048",
+           "micro_batch": "1", "world_size": "8", "shard_group": "8", "gpu": "H100 (80 GB)"}
+    too_long, fine = js(["parse", raw], ["parse", {**raw, "seq_len": "1024"}])
+    assert too_long["errors"] == [py_error(check_seq_len, 2048, 1024, "this architecture")]
+    assert fine["cfg"]["max_seq_len"] == 1024
+    with pytest.raises(SystemExit):
+        main(["--hidden", "64", "--heads", "4", "--vocab", "100", "--mlp", "96", "--layers", "2",
+              "--max-seq-len", "1024", "--seq-len", "2048"])
+    assert capsys.readouterr().err.strip() == (
+        "guide-memory: error: --seq-len 2,048 is longer than this architecture supports (1,024 "
+        "positions); use 1,024 or fewer.")
