@@ -295,3 +295,32 @@ def test_a_custom_shape_takes_its_longest_sequence_like_the_command(capsys):
     assert capsys.readouterr().err.strip() == (
         "guide-memory: error: --seq-len 2,048 is longer than this architecture supports (1,024 "
         "positions); use 1,024 or fewer.")
+
+
+def test_no_form_makes_the_widget_throw():
+    """Random forms, typos and extremes included: each gets messages or a full report, never an
+    exception, a NaN or an undefined."""
+    rng = random.Random(2026)
+    values = ["0", "1", "2", "8", "12", "-1", "2.5", "1e3", "inf", "", "x", "1e400", "9" * 25,
+              "16384", "16385", "512", "1,024"]
+    base = {"preset": "llama-3-8b", "precision": "bf16_mixed", "optimizer": "adamw",
+            "checkpointing": "none", "strategy": "all", "seq_len": "4096", "micro_batch": "1",
+            "world_size": "8", "shard_group": "8", "gpu": "H100 (80 GB)", "params": "70e9",
+            "layers": "4", "hidden": "256", "heads": "4", "kv_heads": "", "vocab": "1000",
+            "mlp": "512", "max_seq_len": "", "lora_rank": "", "base_precision": "bf16", "gib": "80"}
+    forms = []
+    for _ in range(150):
+        raw = dict(base, preset=rng.choice(["llama-3-8b", "gpt2-xl", "custom", "count", "nope"]),
+                   gpu=rng.choice(["H100 (80 GB)", "custom"]))
+        for key in rng.sample(["seq_len", "micro_batch", "world_size", "shard_group", "params",
+                               "layers", "hidden", "heads", "kv_heads", "vocab", "mlp",
+                               "max_seq_len", "lora_rank", "gib"], 3):
+            raw[key] = rng.choice(values)
+        forms.append(raw)
+    parsed = js(*(["parse", f] for f in forms))
+    good = [p["cfg"] for p in parsed if "cfg" in p]
+    assert all("errors" in p and p["errors"] for p in parsed if "cfg" not in p), parsed
+    assert len(good) >= 10
+    reports = js(*(["fitReport", c] for c in good))
+    text = json.dumps([parsed, reports])
+    assert '"error"' not in text and "NaN" not in text and "undefined" not in text
