@@ -180,8 +180,8 @@ ARCH = ["--hidden", "64", "--vocab", "10", "--heads", "1", "--mlp", "8"]
     (["--preset", "llama-3-8b", "--seq-len", "128", "--micro-batch", "0"],
      "--micro-batch must be at least 1, got 0."),
     (["--params", "7e9", "--optimizer", "adam"], 'unknown --optimizer "adam"; choose one of'),
-    (["--preset", "llama-3-8b", "--seq-len", "128", "--activation-checkpointing", "selective"],
-     'unknown --activation-checkpointing "selective"; choose one of none, full'),
+    (["--preset", "llama-3-8b", "--seq-len", "128", "--activation-checkpointing", "offload"],
+     'unknown --activation-checkpointing "offload"; choose one of none, full'),
     (["--preset", "llama-3-8b", "--activation-checkpointing", "full"], "give --seq-len too"),
     (["--params", "7e9", "--unit", "GB"], 'unknown --unit "GB"; choose one of auto, B, KiB'),
     # found by trying: each crashed, hung or changed the number before the bounds
