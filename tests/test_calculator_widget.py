@@ -30,6 +30,7 @@ import pytest
 from guide.memory import PRESETS, PRECISIONS
 from guide.memory.activations import CHECKPOINTING
 from guide.memory.cli import format_bytes, main
+from guide.memory.display import smallest_text
 from guide.memory.fit import GPU_BYTES
 from guide.memory.widget import CHECKED_CONFIGS, WIDGET_JS
 from guide.optimizers import OPTIMIZERS
@@ -291,8 +292,7 @@ def test_browser_widget_driven_like_a_user(tmp_path):
             assert _cell(page, row["strategy"], "total") == format_bytes(row["total"])
             assert _cell(page, row["strategy"], "fits") == ("yes" if row["fits"] else "no")
             small = want["smallest_world_size"][row["strategy"]]
-            assert _cell(page, row["strategy"], "smallest") == (
-                f"{small:,}" if small else "none ≤ 4,096")
+            assert _cell(page, row["strategy"], "smallest") == smallest_text(small, 4096)
         assert page.locator(".memory-widget svg rect").count() >= 10  # the bar chart
         url = page.evaluate("location.href")
         assert "?" in url and "#" not in url
@@ -374,3 +374,56 @@ def test_browser_widget_fits_a_phone_in_both_themes_and_the_compact_form(tmp_pat
                     assert page.locator(".memory-widget select").count() == 2
                 assert errors == []
     assert colours["dark"] == "rgb(206, 206, 206)" and colours["light"] != colours["dark"]
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ("?preset=unknown-model", 'unknown model "unknown-model"; choose one of gpt2-xl, '),
+    ("?precision=fp64", 'unknown precision "fp64"; choose one of fp32, bf16_mixed, bf16, '
+                        "zero_mixed."),
+    ("?world_size=100000000", "Number of GPUs must be at most 16,384, got 100000000."),
+])
+def test_browser_a_bad_shared_link_is_named_not_replaced(tmp_path, query, message):
+    """A link with an unknown model gets no other model's numbers: the message names the value
+    and the options, and the numbers come back once the reader chooses."""
+    with widget_page(tmp_path, query=query) as (page, errors, _):
+        alert = page.locator(".memory-widget [role=alert]").inner_text()
+        assert message in alert, alert
+        assert page.locator(".memory-widget table").count() == 0
+        text = page.locator(".memory-widget").inner_text()
+        assert "No result until the form is corrected" in text
+        if "world_size" not in query:
+            page.get_by_label("Number of GPUs (N)").fill("16")  # any edit: the defaults stand
+            page.wait_for_selector(".memory-widget table")
+            assert page.locator(".memory-widget [role=alert]").inner_text().strip() == ""
+    assert errors == []
+
+
+def test_browser_compact_form_states_what_it_assumes(tmp_path):
+    """The landing page's form answers with the precision, optimizer, checkpointing, sequence
+    length and micro-batch it assumed: guide-memory's first line."""
+    with widget_page(tmp_path, mode="compact") as (page, errors, _):
+        text = page.locator(".memory-widget .mw-assumptions").inner_text()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            main(["--preset", "llama-3-8b", "--seq-len", "4096", "-N", "8"])
+        assert text == out.getvalue().splitlines()[0] + ". Change them in the full calculator."
+        assert "bf16_mixed" in text and "AdamW" in text and "none checkpointing" in text
+        assert "1 x 4,096 tokens" in text
+        smallest = page.locator('.memory-widget [data-part="smallest"]').all_inner_texts()
+        assert all(t.isdigit() or t == "no N ≤ 4,096 GPUs" for t in smallest), smallest
+    assert errors == []
+
+
+def test_browser_lora_rank_is_an_input(tmp_path):
+    with widget_page(tmp_path) as (page, errors, _):
+        page.get_by_label("LoRA rank (blank: train everything)").fill("16")
+        page.wait_for_selector(".memory-widget .mw-lora")
+        text = page.locator(".memory-widget .mw-lora").inner_text()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            main(["--preset", "llama-3-8b", "-N", "8", "--lora-rank", "16", "--json"])
+        total = json.loads(out.getvalue())["lora"]["rows"][0]["total"]
+        assert text.startswith("FSDP2, LoRA rank 16 on every linear, base frozen in bf16: "
+                               f"{format_bytes(total)} on rank 0 at N = 8 "), text
+        assert "lora_rank=16" in page.evaluate("location.href")
+    assert errors == []

@@ -14,6 +14,86 @@
 
   // DATA-BEGIN (written by `python -m guide.memory.widget`; do not edit by hand)
   const DATA = {
+   "bounds": {
+    "heads": {
+     "example": "32",
+     "high": 65536,
+     "label": "Attention heads",
+     "low": 1
+    },
+    "hidden": {
+     "example": "4096",
+     "high": 1048576,
+     "label": "Hidden size",
+     "low": 1
+    },
+    "kv_heads": {
+     "example": "8",
+     "high": 65536,
+     "label": "KV heads",
+     "low": 1
+    },
+    "layers": {
+     "example": "32",
+     "high": 512,
+     "label": "Layers",
+     "low": 1
+    },
+    "lora_rank": {
+     "example": "16",
+     "high": 65536,
+     "label": "LoRA rank",
+     "low": 1
+    },
+    "max_seq_len": {
+     "example": "8192",
+     "high": 16777216,
+     "label": "Longest sequence",
+     "low": 1
+    },
+    "micro_batch": {
+     "example": "1",
+     "high": 65536,
+     "label": "Micro-batch",
+     "low": 1
+    },
+    "mlp": {
+     "example": "14336",
+     "high": 4194304,
+     "label": "MLP size",
+     "low": 1
+    },
+    "params": {
+     "example": "70e9",
+     "high": 9007199254740991,
+     "label": "Parameters",
+     "low": 1
+    },
+    "seq_len": {
+     "example": "4096",
+     "high": 16777216,
+     "label": "Sequence length",
+     "low": 1
+    },
+    "shard_group": {
+     "example": "8",
+     "high": 16384,
+     "label": "HSDP shard group",
+     "low": 1
+    },
+    "vocab": {
+     "example": "128256",
+     "high": 16777216,
+     "label": "Vocabulary",
+     "low": 1
+    },
+    "world_size": {
+     "example": "8",
+     "high": 16384,
+     "label": "Number of GPUs",
+     "low": 1
+    }
+   },
    "checked_configs": 320,
    "checkpointing": [
     "none",
@@ -21,6 +101,7 @@
    ],
    "ddp_buckets": true,
    "default_shard_group": 8,
+   "gib_max": 1048576,
    "gpus": {
     "H100 (80 GB)": 85520809984,
     "H200 (141 GB)": 150754820096
@@ -53,6 +134,33 @@
      "moments": 1,
      "step_bytes": 0
     }
+   },
+   "order": {
+    "gpus": [
+     "H100 (80 GB)",
+     "H200 (141 GB)"
+    ],
+    "optimizers": [
+     "sgd",
+     "sgd_momentum",
+     "adamw"
+    ],
+    "precisions": [
+     "fp32",
+     "bf16_mixed",
+     "bf16",
+     "zero_mixed"
+    ],
+    "presets": [
+     "gpt2-xl",
+     "llama-3.2-1b",
+     "llama-3.2-3b",
+     "llama-2-7b",
+     "mistral-7b",
+     "llama-3-8b",
+     "llama-3-70b",
+     "llama-3.1-405b"
+    ]
    },
    "precisions": {
     "bf16": {
@@ -209,7 +317,7 @@
     "hsdp": "HSDP",
     "zero1": "ZeRO-1"
    },
-   "source_hash": "ded01bf068f7",
+   "source_hash": "fbbb4c8c8f77",
    "strategies": [
     "ddp",
     "zero1",
@@ -417,7 +525,8 @@
     if (cfg.preset) return DATA.presets[cfg.preset];
     return { vocab: cfg.vocab, hidden: cfg.hidden, layers: cfg.layers, heads: cfg.heads,
       kv_heads: cfg.kv_heads || null, mlp: cfg.mlp, tied_embeddings: !!cfg.tied, gated_mlp: true,
-      bias: false, layernorm: false, learned_positions: false, max_seq_len: null };
+      bias: false, layernorm: false, learned_positions: false,
+      max_seq_len: cfg.max_seq_len || null };
   };
 
   /** Everything the calculator shows for one configuration (guide.memory.fit.fit_report). */
@@ -446,104 +555,185 @@
       smallest[key] = M.smallestWorldSize(shapes, key, capacity, cfg.precision, cfg.optimizer,
         activations, cfg.shard_group);
     }
-    return { parameters: counted ? shapes : shapes.reduce((a, s) => a + M.numel(s), 0n),
+    const report = { parameters: counted ? shapes : shapes.reduce((a, s) => a + M.numel(s), 0n),
       activations, capacity,
       shard_group: cfg.shard_group, rows, smallest_world_size: smallest };
+    if (cfg.lora_rank && !counted) {  // guide-memory --lora-rank R: rank 0's bytes per N
+      report.lora = { rank: cfg.lora_rank, base_precision: cfg.base_precision,
+        rows: cfg.world_sizes.map((n) => {
+          const sb = M.loraStateBytes(arch, cfg.lora_rank, n, cfg.base_precision, cfg.precision,
+            cfg.optimizer);
+          return { N: n, params: sb.params, grads: sb.grads, optimizer: sb.optimizer,
+            total: sb.params + sb.grads + sb.optimizer };
+        }) };
+    }
+    return report;
   };
 
-  // -- input checking: one clear message per mistake, never a NaN ---------------------------------
-  const LIMIT = 2 ** 40;  // no dimension or count above a trillion: beyond any real model
-  const MAX_GPUS = 65536, MAX_LAYERS = 100000;  // keeps the page responsive
+  // -- fine-tuning: a frozen base and LoRA adapters (guide.memory.finetune) ----------------------
 
-  /** An integer >= 1 from the text of a field, or a message naming the field and the fix. */
-  function positiveInt(text, what) {
-    const t = String(text).trim().replace(/[,_\s]/g, "");
-    if (t === "") return { error: `${what}: enter a whole number (it is empty).` };
-    if (!/^[+-]?\d+(\.\d+)?([eE][+]?\d+)?$/.test(t)) {
-      return { error: `${what}: "${text}" is not a number; enter a whole number such as 8.` };
+  /** Rank 0's bytes for a rank-`r` LoRA of every linear of every layer, the base frozen in
+   * `basePrecision` (guide.memory.finetune.lora_state_bytes(...)[0]). */
+  M.loraStateBytes = function (arch, r, n, basePrecision, adapterPrecision, optimizer) {
+    const shapes = M.paramShapes(arch);
+    const head = 1 + (arch.learned_positions ? 1 : 0);
+    const tail = (arch.layernorm ? 2 : 1) + (arch.tied_embeddings ? 0 : 1);
+    const adapters = [];
+    for (const s of shapes.slice(head, shapes.length - tail)) {
+      if (s.length === 2) adapters.push([r, s[1]], [s[0], r]);
     }
-    const v = Number(t);
-    if (v <= 0) return { error: `${what} must be at least 1, got ${t}.` };
-    if (!Number.isInteger(v)) return { error: `${what} must be a whole number, got ${t}.` };
-    if (v > LIMIT) {
-      return { error: `${what} is too large (at most ${LIMIT.toLocaleString("en-US")}).` };
+    const trained = M.stateBytesByRank(adapters, "fsdp2", n, adapterPrecision, optimizer, false)[0];
+    const frozen = M.stateBytesByRank(shapes, "fsdp2", n, basePrecision, "sgd", false)[0];
+    return state(trained.params + frozen.params, trained.grads, trained.optimizer,
+      trained.buckets);
+  };
+
+  // -- input checking: one table of bounds, one sentence per mistake (guide.memory.inputs) -------
+  const NUMBER = /^([+-]?)(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?$/;
+  const clean = (text) => String(text ?? "").replace(/[,_\s]/g, "");
+  const grouped = (v) => v.toLocaleString("en-US");
+
+  /** guide.memory.inputs.parse_int: an exact whole number within DATA.bounds[key], as
+   * {value} (a Number: every bound is a safe integer) or {error}. */
+  M.parseInt = function (key, text, what) {
+    const b = DATA.bounds[key];
+    what = what ?? b.label;
+    const t = clean(text);
+    if (t === "") return { error: `${what}: enter a whole number (it is empty).` };
+    const m = NUMBER.exec(t);
+    if (!m || !(m[2] || m[3])) {
+      return { error: `${what}: "${text}" is not a number; enter a whole number such as ` +
+        `${b.example}.` };
+    }
+    const frac = m[3] || "", digits = (m[2] + frac).replace(/^0+/, "");
+    const exp = m[4] || "0";
+    const expValue = exp.replace(/^[+-]/, "").length <= 9 ? Number(exp)
+      : (exp[0] === "-" ? -1 : 1) * 1e9;
+    const least = { error: `${what} must be at least ${grouped(b.low)}, got ${t}.` };
+    if (digits === "" || m[1] === "-") return least;
+    const stripped = digits.replace(/0+$/, "");
+    const shift = expValue - frac.length + digits.length - stripped.length;
+    if (shift < 0) return { error: `${what} must be a whole number, got ${t}.` };
+    const most = { error: `${what} must be at most ${grouped(b.high)}, got ${t}.` };
+    if (stripped.length + shift > String(b.high).length) return most;
+    const value = BigInt(stripped) * 10n ** BigInt(shift);
+    if (value < BigInt(b.low)) return least;
+    if (value > BigInt(b.high)) return most;
+    return { value: Number(value) };
+  };
+
+  /** guide.memory.inputs.parse_gib: a positive number of GiB up to DATA.gib_max. */
+  M.parseGib = function (text, what = "GPU memory") {
+    const t = clean(text), m = NUMBER.exec(t);
+    const v = m && (m[2] || m[3]) ? Number(t) : NaN;
+    if (!(v > 0) || m[1] === "-") {
+      return { error: `${what} must be a positive number of GiB, such as 80; got "${t}".` };
+    }
+    if (v > DATA.gib_max) {
+      return { error: `${what} must be at most ${grouped(DATA.gib_max)} GiB, got ${t}.` };
     }
     return { value: v };
-  }
+  };
+
+  /** guide.memory.inputs.unknown: a choice that is not one of `options`, naming them. */
+  M.unknown = (what, value, options) =>
+    `unknown ${what} "${value}"; choose one of ${options.join(", ")}.`;
+
+  /** guide.memory.inputs.check_heads (with its HEAD_NAMES); null when the shape is valid. */
+  M.checkHeads = function (hidden, heads, kvHeads, names = ["Attention heads", "the hidden size",
+    "KV heads", "the attention heads"]) {
+    if (hidden % heads) {
+      const fit = hidden % 64 === 0;
+      return `${names[0]} (${heads}) must divide ${names[1]} (${hidden}): try ` +
+        `${fit ? hidden / 64 : 1} heads of ${fit ? 64 : hidden} dimensions.`;
+    }
+    if (kvHeads && heads % kvHeads) {
+      return `${names[2]} (${kvHeads}) must divide ${names[3]} (${heads}).`;
+    }
+    return null;
+  };
+
+  /** guide.memory.inputs.check_seq_len; null when the model supports `s`. */
+  M.checkSeqLen = (s, max, model, what = "Sequence length") => (max && s > max
+    ? `${what} ${grouped(s)} is longer than ${model} supports (${grouped(max)} positions); ` +
+      `use ${grouped(max)} or fewer.` : null);
+
+  /** guide.memory.inputs.check_param_count; null within bounds. */
+  M.checkParamCount = function (n) {
+    const top = B(DATA.bounds.params.high);
+    return n > top ? `this shape has ${grouped(n)} parameters, more than ${grouped(top)}: ` +
+      "reduce a dimension." : null;
+  };
+
+  /** How the widget names each choice in a message, and the choices it accepts. */
+  const CHOICES = {  // in guide-memory's order (DATA.order), so both sides list them alike
+    preset: ["model", () => [...DATA.order.presets, "custom", "count"]],
+    precision: ["precision", () => DATA.order.precisions],
+    base_precision: ["base precision", () => DATA.order.precisions],
+    optimizer: ["optimizer", () => DATA.order.optimizers],
+    checkpointing: ["activation checkpointing", () => DATA.checkpointing],
+    strategy: ["strategy", () => ["all", ...DATA.strategies]],
+    gpu: ["GPU", () => [...DATA.order.gpus, "custom"]],
+  };
+
+  /** One message per choice in `raw` that is not one of its options (a shared link's typo). */
+  M.choiceErrors = (raw) => Object.entries(CHOICES)
+    .filter(([k, [, opts]]) => raw[k] !== undefined && !opts().includes(raw[k]))
+    .map(([k, [what, opts]]) => M.unknown(what, raw[k], opts()));
 
   /** A configuration from the form's raw values, or a list of messages. */
   M.parse = function (raw) {
-    const errors = [], cfg = { precision: raw.precision, optimizer: raw.optimizer,
-      checkpointing: raw.checkpointing, strategies: raw.strategy === "all"
+    const errors = M.choiceErrors(raw), cfg = { precision: raw.precision,
+      optimizer: raw.optimizer, checkpointing: raw.checkpointing, strategies: raw.strategy === "all"
         ? DATA.strategies.slice() : [raw.strategy] };
-    const int = (key, what) => {
-      const r = positiveInt(raw[key], what);
+    const int = (key) => {
+      const r = M.parseInt(key, raw[key]);
       if (r.error) errors.push(r.error); else cfg[key] = r.value;
     };
-    if (!(raw.precision in DATA.precisions)) errors.push(`unknown precision "${raw.precision}".`);
-    if (!(raw.optimizer in DATA.optimizers)) errors.push(`unknown optimizer "${raw.optimizer}".`);
-    if (!DATA.checkpointing.includes(raw.checkpointing)) errors.push("unknown checkpointing.");
-    if (raw.strategy !== "all" && !DATA.strategies.includes(raw.strategy)) {
-      errors.push(`unknown strategy "${raw.strategy}".`);
-    }
     if (raw.preset === "count") {
-      const t = String(raw.params ?? "").trim().replace(/[,_\s]/g, ""), v = Number(t);
-      if (t === "" || !Number.isFinite(v) || v < 1 || !Number.isInteger(v)) {
-        errors.push(`Parameters must be a positive whole number such as 70e9; got "${t}".`);
-      } else if (v > Number.MAX_SAFE_INTEGER) {
-        errors.push("Parameters: at most 9 quadrillion.");
-      } else cfg.params = v;
+      int("params");
     } else if (raw.preset && raw.preset !== "custom") {
-      if (!(raw.preset in DATA.presets)) errors.push(`unknown model "${raw.preset}".`);
-      else cfg.preset = raw.preset;
+      if (raw.preset in DATA.presets) cfg.preset = raw.preset;
     } else {
-      int("layers", "Layers"); int("hidden", "Hidden size"); int("heads", "Attention heads");
-      int("vocab", "Vocabulary"); int("mlp", "MLP size");
-      if (String(raw.kv_heads ?? "").trim() !== "") int("kv_heads", "KV heads");
+      int("layers"); int("hidden"); int("heads"); int("vocab"); int("mlp");
+      if (String(raw.kv_heads ?? "").trim() !== "") int("kv_heads");
+      if (String(raw.max_seq_len ?? "").trim() !== "") int("max_seq_len");
       cfg.tied = !!raw.tied;
-      if (cfg.hidden && cfg.heads && cfg.hidden % cfg.heads) {
-        errors.push(`Attention heads (${cfg.heads}) must divide the hidden size (${cfg.hidden}): ` +
-          `try ${cfg.hidden % 64 === 0 ? cfg.hidden / 64 : 1} heads of ` +
-          `${cfg.hidden % 64 === 0 ? 64 : cfg.hidden} dimensions.`);
-      }
-      if (cfg.heads && cfg.kv_heads && cfg.heads % cfg.kv_heads) {
-        errors.push(`KV heads (${cfg.kv_heads}) must divide the attention heads (${cfg.heads}).`);
+      if (cfg.hidden && cfg.heads) {
+        const e = M.checkHeads(cfg.hidden, cfg.heads, cfg.kv_heads);
+        if (e) errors.push(e);
       }
     }
     if (raw.preset !== "count") {
-      int("seq_len", "Sequence length"); int("micro_batch", "Micro-batch");
+      int("seq_len"); int("micro_batch");
     }
-    int("world_size", "Number of GPUs"); int("shard_group", "HSDP shard group");
+    int("world_size"); int("shard_group");
     if (cfg.world_size) cfg.world_sizes = [cfg.world_size];
-    if (raw.gpu && raw.gpu !== "custom") {
-      if (!(raw.gpu in DATA.gpus)) errors.push(`unknown GPU "${raw.gpu}".`);
-      else cfg.gpu = raw.gpu;
-    } else {
-      const t = String(raw.gib ?? "").trim(), v = Number(t);
-      if (t === "" || !Number.isFinite(v) || v <= 0) {
-        errors.push(`GPU memory must be a positive number of GiB, such as 80; got "${t}".`);
-      } else if (v > LIMIT) errors.push("GPU memory is too large.");
-      else cfg.gib = v;
-    }
-    if (cfg.preset && cfg.seq_len) {
-      const max = DATA.presets[cfg.preset].max_seq_len;
-      if (max && cfg.seq_len > max) {
-        errors.push(`Sequence length ${cfg.seq_len.toLocaleString("en-US")} is longer than ` +
-          `${cfg.preset} supports (${max.toLocaleString("en-US")} positions); use ` +
-          `${max.toLocaleString("en-US")} or fewer.`);
+    if (String(raw.lora_rank ?? "").trim() !== "") {
+      if (raw.preset === "count") {
+        errors.push("LoRA rank adds adapters to every linear: choose a model or a custom " +
+          "shape, not a parameter count.");
+      } else {
+        int("lora_rank");
+        cfg.base_precision = raw.base_precision;
       }
     }
-    if (cfg.world_size > MAX_GPUS) {
-      errors.push(`Number of GPUs: at most ${MAX_GPUS.toLocaleString("en-US")}.`);
+    if (raw.gpu && raw.gpu !== "custom") {
+      if (raw.gpu in DATA.gpus) cfg.gpu = raw.gpu;
+    } else {
+      const r = M.parseGib(raw.gib);
+      if (r.error) errors.push(r.error); else cfg.gib = r.value;
     }
-    if (cfg.layers > MAX_LAYERS) {
-      errors.push(`Layers: at most ${MAX_LAYERS.toLocaleString("en-US")}.`);
+    if (cfg.seq_len && (cfg.preset || cfg.max_seq_len)) {
+      const e = cfg.preset
+        ? M.checkSeqLen(cfg.seq_len, DATA.presets[cfg.preset].max_seq_len, cfg.preset)
+        : M.checkSeqLen(cfg.seq_len, cfg.max_seq_len, "this architecture");
+      if (e) errors.push(e);
     }
     if (!errors.length && cfg.params === undefined) {
-      const n = M.paramShapes(M.architecture(cfg)).reduce((a, s) => a + M.numel(s), 0n);
-      if (n > B(Number.MAX_SAFE_INTEGER)) {
-        errors.push("This model has more than 9 quadrillion parameters: reduce a dimension.");
-      }
+      const e = M.checkParamCount(M.paramShapes(M.architecture(cfg))
+        .reduce((a, s) => a + M.numel(s), 0n));
+      if (e) errors.push(e);
     }
     return errors.length ? { errors } : { cfg };
   };
@@ -551,17 +741,43 @@
   // -- display ----------------------------------------------------------------------------------
   const UNITS = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
 
-  /** guide.memory.cli.format_bytes: a unit per value, two decimals. */
+  /** guide.memory.display.fixed: n / scale (BigInts) with `digits` decimals, rounded half to
+   * even on the exact quotient, with thousands separators. */
+  M.fixed = function (n, scale, digits = 2) {
+    let sign = n < 0n ? "-" : "";
+    const a = n < 0n ? -n : n, p = 10n ** BigInt(digits);
+    let q = (a * p) / scale;
+    const r = (a * p) % scale;
+    if (2n * r > scale || (2n * r === scale && q % 2n === 1n)) q += 1n;
+    if (q === 0n) sign = "";
+    const frac = (q % p).toString().padStart(digits, "0");
+    return sign + grouped(q / p) + (digits ? "." + frac : "");
+  };
+
+  /** guide.memory.display.format_bytes: a unit per value, two decimals, half to even. */
   function formatBytes(n) {
-    const v = Number(n), a = Math.abs(v);
-    for (const [u, s] of UNITS) {
-      if (a >= s) {
-        return (v / s).toLocaleString("en-US", { minimumFractionDigits: 2,
-          maximumFractionDigits: 2 }) + " " + u;
-      }
-    }
-    return v.toLocaleString("en-US") + " B";
+    const v = B(n), a = v < 0n ? -v : v;
+    for (const [u, s] of UNITS) if (a >= B(s)) return M.fixed(v, B(s)) + " " + u;
+    return grouped(v) + " B";
   }
+  M.formatBytes = formatBytes;
+
+  /** guide.memory.display.smallest_text. */
+  M.smallestText = (n, largest) => (n === null ? `no N ≤ ${grouped(largest)} GPUs`
+    : grouped(n));
+
+  /** guide.memory.display.assumptions: the line guide-memory prints above its table. */
+  M.assumptions = function (cfg, rep) {
+    const model = cfg.preset || (cfg.params !== undefined ? "parameter count" : "architecture");
+    let line = `${model}: ${grouped(rep.parameters)} parameters; ` +
+      `${DATA.precisions[cfg.precision].label} (${cfg.precision}), ` +
+      DATA.optimizers[cfg.optimizer].label;
+    if (cfg.params === undefined) {
+      line += `; activations of ${grouped(cfg.micro_batch)} x ${grouped(cfg.seq_len)} tokens, ` +
+        `fused attention, ${cfg.checkpointing} checkpointing (estimate)`;
+    }
+    return line;
+  };
 
   const COLORS = { params: "#1f77b4", unsharded: "#9467bd", grads: "#ff7f0e",
     optimizer: "#2ca02c", buckets: "#8c564b", activations: "#d62728" };
@@ -599,6 +815,7 @@
 .memory-widget .mw-errors{color:var(--mw-bad);font-weight:600;margin:.6rem 0}
 .memory-widget .mw-errors:empty{display:none}
 .memory-widget .mw-summary{margin:.6rem 0;font-size:1rem}
+.memory-widget .mw-assumptions{margin:.6rem 0 0;font-size:.85rem;color:var(--mw-muted)}
 .memory-widget .mw-scroll{overflow-x:auto;max-width:100%}
 .memory-widget table{border-collapse:collapse;font-size:.8rem;width:100%;margin:.4rem 0}
 .memory-widget th,.memory-widget td{border-bottom:1px solid var(--mw-border);padding:.2rem .3rem;
@@ -631,22 +848,25 @@
     ["world_size", "Number of GPUs (N)", "int", true],
     ["strategy", "Strategy", "select", false],
     ["shard_group", "HSDP shard group (GPUs)", "int", false],
+    ["lora_rank", "LoRA rank (blank: train everything)", "int", false],
+    ["base_precision", "LoRA: frozen base in", "select", false],
   ];
   const ARCH = [["layers", "Layers"], ["hidden", "Hidden size"], ["heads", "Attention heads"],
-    ["kv_heads", "KV heads (blank: = heads)"], ["vocab", "Vocabulary"], ["mlp", "MLP size"]];
+    ["kv_heads", "KV heads (blank: = heads)"], ["vocab", "Vocabulary"], ["mlp", "MLP size"],
+    ["max_seq_len", "Longest sequence (blank: unknown)"]];
   const DEFAULTS = { preset: "llama-3-8b", precision: "bf16_mixed", optimizer: "adamw",
     seq_len: "4096", micro_batch: "1", checkpointing: "none", gpu: "H100 (80 GB)", gib: "",
     world_size: "8", strategy: "all", shard_group: String(DATA.default_shard_group || 8),
     params: "70e9", layers: "32", hidden: "4096", heads: "32", kv_heads: "8", vocab: "128256",
-    mlp: "14336",
-    tied: "" };
+    mlp: "14336", max_seq_len: "",
+    tied: "", lora_rank: "", base_precision: "bf16" };
 
   function options(key) {
     switch (key) {
       case "preset": return [...Object.keys(DATA.presets).map((k) => [k, k]),
         ["custom", "custom shape…"], ["count", "parameter count only…"]];
-      case "precision": return Object.entries(DATA.precisions).map(([k, p]) => [k,
-        `${p.label} (${k})`]);
+      case "precision": case "base_precision": return Object.entries(DATA.precisions)
+        .map(([k, p]) => [k, `${p.label} (${k})`]);
       case "optimizer": return Object.entries(DATA.optimizers).map(([k, o]) => [k, o.label]);
       case "checkpointing": return [["none", "none: keep all activations"],
         ["full", "full: keep block inputs"]];
@@ -716,17 +936,20 @@
       }
       return r;
     };
+    let linkErrors = [];  // a shared link's unknown choices: said until the reader edits
     const fromUrl = () => {
       // the query string carries the inputs (a #fragment would read as a missing anchor)
       const h = location.search.replace(/^\?/, "") || location.hash.replace(/^#/, "");
-      const p = new URLSearchParams(h), r = { ...DEFAULTS };
-      for (const k of Object.keys(r)) if (p.has(k)) r[k] = p.get(k);
+      const p = new URLSearchParams(h), r = { ...DEFAULTS }, given = {};
+      for (const k of Object.keys(r)) if (p.has(k)) r[k] = given[k] = p.get(k);
+      linkErrors = M.choiceErrors(given);
       return r;
     };
     const set = (r) => {
       for (const [k, i] of Object.entries(inputs)) {
         if (i.type === "checkbox") i.checked = r[k] === true || r[k] === "1";
         else i.value = r[k];
+        if (i.tagName === "SELECT" && i.value !== r[k]) i.value = DEFAULTS[k];  // not an option
       }
     };
     const link = (r, base) => {
@@ -736,6 +959,7 @@
         if (k === "tied" && r.preset !== "custom") continue;
         if (k === "gib" && r.gpu !== "custom") continue;
         if (k === "params" && r.preset !== "count") continue;
+        if (k === "base_precision" && String(r.lora_rank).trim() === "") continue;
         p.set(k, r[k] === true ? "1" : r[k] === false ? "" : r[k]);
       }
       return base + "?" + p.toString();
@@ -747,7 +971,7 @@
       form.querySelector("[data-arch]").hidden = !custom;
       const counted = r.preset === "count";
       form.querySelector('[data-field="params"]').hidden = !counted;
-      for (const k of ["seq_len", "micro_batch", "checkpointing"]) {
+      for (const k of ["seq_len", "micro_batch", "checkpointing", "lora_rank", "base_precision"]) {
         const f = form.querySelector(`[data-field="${k}"]`);
         if (f) f.hidden = counted;
       }
@@ -755,7 +979,7 @@
       if (inputs.gpu.value !== "custom") {
         gib.hidden = true;
       } else gib.hidden = false;
-      const parsed = M.parse(r);
+      const parsed = linkErrors.length ? { errors: linkErrors } : M.parse(r);
       const calculator = root.dataset.calculator;
       const url = link(r, calculator || location.href.split(/[?#]/)[0]);
       if (push && !compact) history.replaceState(null, "", url.slice(url.indexOf("?")));
@@ -770,15 +994,15 @@
       out.replaceChildren(...render(rep, parsed.cfg, compact, url, out.clientWidth));
     };
     set(fromUrl());
-    if (inputs.preset.value === "") inputs.preset.value = DEFAULTS.preset;
     inputs.preset.addEventListener("change", () => {  // a custom shape starts from the preset
       const a = DATA.presets[inputs.preset.value];
       if (!a) return;
       for (const [k] of ARCH) if (inputs[k]) inputs[k].value = a[k] === null ? "" : String(a[k]);
       if (inputs.tied) inputs.tied.checked = a.tied_embeddings;
     });
-    form.addEventListener("input", () => update(true));
-    form.addEventListener("change", () => update(true));
+    const edited = () => { linkErrors = []; update(true); };
+    form.addEventListener("input", edited);
+    form.addEventListener("change", edited);
     form.addEventListener("submit", (e) => { e.preventDefault(); update(true); });
     window.addEventListener("popstate", () => { set(fromUrl()); update(false); });
     foot.textContent = `Computed in your browser by a port of guide.memory (model sources ` +
@@ -792,14 +1016,16 @@
     const gpuName = cfg.gpu || `${cfg.gib} GiB GPU`;
     const fits = rep.rows.filter((r) => r.fits);
     const n = cfg.world_size;
+    const assumed = el("p", { class: "mw-assumptions", text: M.assumptions(cfg, rep) +
+      (compact ? ". Change them in the full calculator." : ".") });
     const summary = el("p", { class: "mw-summary" });
-    summary.append(`${Number(rep.parameters).toLocaleString("en-US")} parameters on ` +
-      `${n.toLocaleString("en-US")} × ${gpuName} (${formatBytes(rep.capacity)} each): `);
+    summary.append(`${grouped(rep.parameters)} parameters on ` +
+      `${grouped(n)} × ${gpuName} (${formatBytes(rep.capacity)} each): `);
     summary.append(el("strong", { text: fits.length ? "fits with " +
       fits.map((r) => DATA.short[r.strategy]).join(", ")
       : "fits with none of them" }), ". Smallest N that fits: " +
-      Object.entries(rep.smallest_world_size).map(([k, v]) => `${DATA.short[k]} ` +
-        (v === null ? "none" : v.toLocaleString("en-US"))).join(", ") + ".");
+      Object.entries(rep.smallest_world_size).map(([k, v]) => `${DATA.short[k]}: ` +
+        M.smallestText(v, DATA.world_sizes.at(-1))).join("; ") + ".");
     if (cfg.params !== undefined) {
       summary.append(" Activations are not priced: a parameter count has no shape (choose a " +
         "preset or a custom shape); sharded parts are ideal 1/N shares.");
@@ -814,8 +1040,7 @@
     const body = el("tbody");
     for (const r of rep.rows) {
       const small = rep.smallest_world_size[r.strategy];
-      const smallText = small === null ? `none ≤ ${DATA.world_sizes.at(-1).toLocaleString("en-US")}`
-        : small.toLocaleString("en-US");
+      const smallText = M.smallestText(small, DATA.world_sizes.at(-1));
       const tr = el("tr", { "data-strategy": r.strategy });
       tr.append(el("th", { scope: "row", text: DATA.short[r.strategy] }));
       if (r.total === null) {
@@ -835,7 +1060,15 @@
       body.append(tr);
     }
     table.append(body);
-    const nodes = [summary, el("div", { class: "mw-scroll" }, [table])];
+    const nodes = [assumed, summary, el("div", { class: "mw-scroll" }, [table])];
+    if (rep.lora) {
+      const l = rep.lora.rows[0];
+      nodes.push(el("p", { class: "mw-lora", text: `FSDP2, LoRA rank ${rep.lora.rank} on every ` +
+        `linear, base frozen in ${rep.lora.base_precision}: ${formatBytes(l.total)} on rank 0 ` +
+        `at N = ${grouped(l.N)} (parameters ${formatBytes(l.params)}, gradients ` +
+        `${formatBytes(l.grads)}, optimizer ${formatBytes(l.optimizer)}; activations not ` +
+        "included)." }));
+    }
     if (!compact) nodes.push(...chart(rep, width));
     const share = el("a", { href: url, class: "mw-share" });
     share.textContent = compact ? "Open in the full calculator →" : "Link to this result";

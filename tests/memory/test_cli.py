@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -161,28 +162,65 @@ def test_full_checkpointing_prices_block_inputs_plus_one_recomputed_block(capsys
 
 # -- bad input ---------------------------------------------------------------------------------
 
+ARCH = ["--hidden", "64", "--vocab", "10", "--heads", "1", "--mlp", "8"]
+
+
 @pytest.mark.parametrize(("argv", "match"), [
-    (["--preset", "llama-9"], "unknown preset"),
-    (["--params", "7e9", "-N", "0"], "world_size"),
-    (["--params", "7e9", "-N", "-8"], "world_size"),
-    (["--params", "-5"], "positive"),
-    (["--params", "0"], "positive"),
+    (["--preset", "llama-9"], 'unknown --preset "llama-9"; choose one of gpt2-xl, llama-3.2-1b'),
+    (["--params", "7e9", "-N", "0"], "--world-size must be at least 1, got 0."),
+    (["--params", "7e9", "-N", "-8"], "--world-size must be at least 1, got -8."),
+    (["--params", "-5"], "--params must be at least 1, got -5."),
+    (["--params", "0"], "--params must be at least 1, got 0."),
     (["--hidden", "64", "--vocab", "10"], "--layers"),
-    (["--params", "7e9", "--strategy", "zero9"], "unknown strategy"),
+    (["--params", "7e9", "--strategy", "zero9"], 'unknown --strategy "zero9"; choose one of ddp'),
     (["--params", "7e9", "--seq-len", "128"], "architecture"),
-    (["--preset", "gpt2-xl", "--seq-len", "2048"], "max_seq_len=1,024"),
-    (["--preset", "llama-3-8b", "--seq-len", "0"], "seq_len must be a positive integer"),
-    (["--preset", "llama-3-8b", "--seq-len", "128", "--micro-batch", "0"], "micro_batch"),
-    (["--params", "7e9", "--optimizer", "adam"], "unknown optimizer"),
-    (["--preset", "llama-3-8b", "--seq-len", "128", "--activation-checkpointing", "selective"],
-     "unknown --activation-checkpointing 'selective'; choose one of none, full"),
+    (["--preset", "gpt2-xl", "--seq-len", "2048"],
+     "--seq-len 2,048 is longer than gpt2-xl supports (1,024 positions); use 1,024 or fewer."),
+    (["--preset", "llama-3-8b", "--seq-len", "0"], "--seq-len must be at least 1, got 0."),
+    (["--preset", "llama-3-8b", "--seq-len", "128", "--micro-batch", "0"],
+     "--micro-batch must be at least 1, got 0."),
+    (["--params", "7e9", "--optimizer", "adam"], 'unknown --optimizer "adam"; choose one of'),
+    (["--preset", "llama-3-8b", "--seq-len", "128", "--activation-checkpointing", "offload"],
+     'unknown --activation-checkpointing "offload"; choose one of none, full'),
     (["--preset", "llama-3-8b", "--activation-checkpointing", "full"], "give --seq-len too"),
-    (["--params", "7e9", "--unit", "GB"], "unknown --unit 'GB'; choose auto or one of B, KiB"),
+    (["--params", "7e9", "--unit", "GB"], 'unknown --unit "GB"; choose one of auto, B, KiB'),
+    # found by trying: each crashed, hung or changed the number before the bounds
+    (["--params", "inf"], '--params: "inf" is not a number; enter a whole number such as 70e9.'),
+    (["--params", "nan"], '--params: "nan" is not a number'),
+    (["--params", "1e400"], "--params must be at most 9,007,199,254,740,991, got 1e400."),
+    (["--params", "1e30"], "--params must be at most 9,007,199,254,740,991, got 1e30."),
+    (["--params", "9007199254740993"], "at most 9,007,199,254,740,991, got 9007199254740993."),
+    (["--params", "2.5e0"], "--params must be a whole number, got 2.5e0."),
+    (["--params", "7e9", "-N", "-" + "9" * 31],
+     f"--world-size must be at least 1, got -{'9' * 31}."),
+    (["--params", "7e9", "-N", "9" * 31], "--world-size must be at most 16,384"),
+    (["--params", "7e9", "-N", "100000000", "--strategy", "all"], "--world-size must be at most"),
+    (["--params", "7e9", "-N", *map(str, range(1, 10))], "at most 8 world sizes at once, got 9."),
+    (["--preset", "llama-3-8b", "--shard-group", "0", "--strategy", "all", "--gpu-memory", "80"],
+     "--shard-group must be at least 1, got 0."),
+    ([*ARCH, "--layers", "1000000000000"], "--layers must be at most 512, got 1000000000000."),
+    ([*ARCH, "--layers", "100000"], "--layers must be at most 512, got 100000."),
+    ([*ARCH, "--layers", "two"], '--layers: "two" is not a number; enter a whole number such as'),
+    (["--hidden", "4096", "--vocab", "10", "--heads", "30", "--mlp", "8", "--layers", "2"],
+     "--heads (30) must divide --hidden (4096): try 64 heads of 64 dimensions."),
+    (["--hidden", "1048576", "--vocab", "16777216", "--heads", "1", "--mlp", "4194304",
+      "--layers", "512"], "parameters, more than 9,007,199,254,740,991: reduce a dimension."),
+    (["--params", "7e9", "--gpu-memory", "inf"], '--gpu-memory must be a positive number of GiB'),
+    (["--params", "7e9", "--gpu-memory", "1e400"],
+     "--gpu-memory must be at most 1,048,576 GiB, got 1e400."),
+    (["--params", "7e9", "--gpu-memory", "2e6"], "--gpu-memory must be at most 1,048,576 GiB"),
+    (["--params", "7e9", "--gpu", "A100"], 'unknown --gpu "A100"; choose one of H100 (80 GB)'),
+    (["--params", "7e9", "--precision", "fp64"],
+     'unknown --precision "fp64"; choose one of fp32, bf16_mixed, bf16, zero_mixed.'),
+    (["--params", "7e9", "--no-such-option"], "unrecognized arguments: --no-such-option (see"),
+    (["--params"], "argument --params: expected one argument (see guide-memory --help)."),
 ])
 def test_rejects_nonsense(argv, match, capsys):
     for extra in ([], ["--json"]):
+        started = time.monotonic()
         with pytest.raises(SystemExit) as exc:
             main([*argv, *extra])
+        assert time.monotonic() - started < 5  # refused at once, not after a long computation
         assert exc.value.code == 2
         captured = capsys.readouterr()
         assert match in captured.err and len(captured.err.strip().splitlines()) == 1
@@ -240,11 +278,57 @@ def test_lora_rank_bf16_base_halves_the_frozen_bytes(capsys):
 
 @pytest.mark.parametrize("argv, match", [
     (["--params", "7e9", "--lora-rank", "8"], "--lora-rank adds adapters to every linear"),
-    (["--preset", "llama-3-8b", "--lora-rank", "0"], "lora_rank must be a positive integer"),
+    (["--preset", "llama-3-8b", "--lora-rank", "0"], "--lora-rank must be at least 1, got 0."),
     (["--preset", "llama-3-8b", "--lora-rank", "8", "--base-precision", "int4"],
-     "unknown --base-precision 'int4'"),
+     'unknown --base-precision "int4"'),
 ])
 def test_lora_rank_rejects_nonsense(argv, match, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2 and match in capsys.readouterr().err
+
+
+# -- one rounding rule: half to even, on the exact byte count ------------------------------------
+
+@pytest.mark.parametrize(("n", "text"), [
+    (2125 * 2**30 // 1000, "2.12 GiB"),  # 2.125 GiB exactly: a tie, 2 is even
+    (2375 * 2**30 // 1000, "2.38 GiB"),  # 2.375: a tie, 8 is even
+    (2125 * 2**30 // 1000 + 1, "2.13 GiB"),  # one byte past the tie
+    (2375 * 2**30 // 1000 - 1, "2.37 GiB"),  # one byte short of it
+    (-2125 * 2**30 // 1000, "-2.12 GiB"),
+    (1280, "1.25 KiB"), (1029, "1.00 KiB"), (1030, "1.01 KiB"),  # 1029 B = 1.0049 KiB
+    # past 2**53 a float cannot see the last byte: 3.125 TiB + 1 B rounds up, exactly
+    (3 * 2**40 + 2**37 + 1, "3.13 TiB"), (3 * 2**40 + 2**37, "3.12 TiB"),
+    (10**6 * 2**40 + 2**37 + 1, "1,000,000.13 TiB"),
+])
+def test_format_bytes_rounds_half_to_even_exactly(n, text):
+    assert format_bytes(n) == text
+
+
+def test_the_table_rounds_a_tie_half_to_even(capsys):
+    """bf16 parameters of 1,140,850,688 elements: 2.125 GiB, printed 2.12 (half to even)."""
+    assert main(["--params", "1140850688", "--precision", "bf16", "--strategy", "ddp",
+                 "-N", "1"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("DDP"))
+    assert row.split()[2:4] == ["2.12", "GiB"], row
+
+
+def test_an_exact_fit_fits(capsys):
+    """A GPU of exactly the predicted bytes fits (<=, not <), with 0 B of headroom; one byte less
+    does not."""
+    total = _json(["--params", "7e9", "--strategy", "fsdp2", "-N", "8"], capsys)["rows"][0]["total"]
+    assert total < 2**53  # so total / 2**30 is exact as a float, and floor() gives it back
+    exact = _json(["--params", "7e9", "--strategy", "fsdp2", "-N", "8",
+                   "--gpu-memory", repr(total / 2**30)], capsys)
+    assert exact["capacity"] == total
+    assert exact["rows"][0]["fits"] is True and exact["rows"][0]["headroom"] == 0
+    assert exact["smallest_world_size"]["fsdp2"] == 8
+    short = _json(["--params", "7e9", "--strategy", "fsdp2", "-N", "8",
+                   "--gpu-memory", repr((total - 1) / 2**30)], capsys)
+    assert short["rows"][0]["fits"] is False and short["smallest_world_size"]["fsdp2"] == 16
+
+
+def test_the_smallest_n_reads_as_gpus(capsys):
+    assert main(["--preset", "llama-3-70b", "--strategy", "ddp", "fsdp2", "-N", "8",
+                 "--gpu", "H100 (80 GB)"]) == 0
+    assert "DDP: no N ≤ 4,096 GPUs; FSDP2: 16" in capsys.readouterr().out

@@ -3,6 +3,10 @@ data and source hash, and a stale one fails, naming the fix."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+from pathlib import Path
+
 import pytest
 
 from guide.memory import widget
@@ -40,3 +44,72 @@ def test_a_widget_without_its_data_block_is_refused(tmp_path):
     js.write_text("// nothing here\n")
     with pytest.raises(ValueError, match="no single // DATA-BEGIN"):
         widget.check(js)
+
+
+#: What the widget ports: fit_report, LoRA, the input checks and the display.
+ROOTS = ("guide.memory.fit", "guide.memory.finetune", "guide.memory.inputs",
+         "guide.memory.display")
+
+
+def _imports(module) -> set[tuple[str, str]]:
+    """(module, name) for each ``from guide... import name`` and ``import guide...`` of a
+    module's source, read from its syntax tree (not from what happens to be loaded)."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    out: set[tuple[str, str]] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("guide"):
+            out |= {(node.module, a.name) for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {(a.name, "") for a in node.names if a.name.startswith("guide")}
+    return out
+
+
+def test_every_source_the_model_imports_is_hashed():
+    """Follow the imports of every mirrored module: each guide.memory module reached is hashed
+    whole (fit.py was once left out), and each name from elsewhere is accounted for in OUTSIDE
+    (its source hashed, its values in the DATA block, or named as not ported)."""
+    hashed = {m.__name__ for m in widget.MIRRORED}
+    # what the widget ports: fit_report, LoRA, the input checks, the display
+    seen, todo, outside = set(), list(ROOTS), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        assert name in hashed, f"the widget mirrors {name}, which its stamp does not hash: add " \
+            "it to guide.memory.widget.MIRRORED"
+        for imported, attr in _imports(importlib.import_module(name)):
+            if imported.startswith("guide.memory."):
+                todo.append(imported)
+            elif imported != "guide.memory":
+                outside.add(f"{imported}.{attr}")
+    missing = outside - set(widget.OUTSIDE)
+    assert not missing, f"the mirrored modules import {sorted(missing)} from outside " \
+        "guide.memory: say in guide.memory.widget.OUTSIDE how the stamp covers each"
+    sources = widget.hashed_sources()
+    assert set(sources) == hashed | {k for k, v in widget.OUTSIDE.items() if v == "source"}
+
+
+def test_the_hash_changes_with_each_hashed_source(monkeypatch):
+    """Each source counts: change any one and the stamp changes."""
+    before = widget.source_hash()
+    texts = widget.hashed_sources()
+    for name in texts:
+        changed = {**texts, name: texts[name] + "\n# changed\n"}
+        monkeypatch.setattr(widget, "hashed_sources", lambda c=changed: c)
+        assert widget.source_hash() != before, name
+    monkeypatch.undo()
+    assert widget.source_hash() == before
+
+
+def test_a_module_left_out_of_the_stamp_is_caught(monkeypatch):
+    """The guard above fails when fit.py is dropped from MIRRORED (what happened once)."""
+    monkeypatch.setattr(widget, "MIRRORED",
+                        tuple(m for m in widget.MIRRORED if m.__name__ != "guide.memory.fit"))
+    with pytest.raises(AssertionError, match="guide.memory.fit"):
+        test_every_source_the_model_imports_is_hashed()
+    monkeypatch.undo()
+    outside = {k: v for k, v in widget.OUTSIDE.items() if k != "guide.layout.chunk_sizes"}
+    monkeypatch.setattr(widget, "OUTSIDE", outside)
+    with pytest.raises(AssertionError, match="guide.layout.chunk_sizes"):
+        test_every_source_the_model_imports_is_hashed()

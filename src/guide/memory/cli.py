@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from guide.memory.activations import CHECKPOINTING, activation_bytes
 from guide.memory.architectures import PRESETS, Architecture
+from guide.memory.display import UNITS, assumptions, format_bytes, smallest_text
 from guide.memory.finetune import lora_state_bytes
 from guide.memory.fit import (
     DEFAULT_SHARD_GROUP,
@@ -34,6 +35,17 @@ from guide.memory.fit import (
     GPU_BYTES,
     capacity_bytes,
     fit_report,
+)
+from guide.memory.inputs import (
+    BOUNDS,
+    CLI_HEAD_NAMES,
+    MAX_WORLD_SIZES,
+    check_heads,
+    check_param_count,
+    check_seq_len,
+    parse_gib,
+    parse_int,
+    unknown,
 )
 from guide.memory.predicted import PRECISIONS
 from guide.report import table
@@ -46,65 +58,54 @@ __all__ = ["UNITS", "format_bytes", "main"]
 FIT_LABELS_SHORT = {"fsdp2_no_reshard": "ZeRO-2", "zero2": "ZeRO-2 (paper)", "ddp": "DDP",
                     "zero1": "ZeRO-1", "fsdp2": "FSDP2", "hsdp": "HSDP"}
 
-#: Binary units, by name: what ``--unit`` accepts besides ``auto``.
-UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-
 _LORA = ("params", "grads", "optimizer", "total")
 _PARTS = ("params", "unsharded", "grads", "optimizer", "buckets", "activations", "total")
 
 
-def format_bytes(n: int, unit: str = "auto") -> str:
-    """``n`` bytes for a person: ``"512 B"``, ``"850.50 KiB"``, ``"1.23 GiB"``.
+class _Parser(argparse.ArgumentParser):
+    """argparse's own mistakes (an unknown option, a missing value) in one line, status 2."""
 
-    ``unit="auto"`` picks the largest unit in which the value is at least 1, so a 217,728-parameter
-    model reads in KiB and MiB, not as ``0.00`` GiB; a named unit (a key of :data:`UNITS`) prints
-    the number alone, for columns that share one unit.
-    """
-    if unit == "auto":
-        unit = next((u for u in reversed(UNITS) if abs(n) >= UNITS[u]), "B")
-        return f"{n:,} B" if unit == "B" else f"{n / UNITS[unit]:,.2f} {unit}"
-    if unit not in UNITS:
-        raise ValueError(f"unknown unit {unit!r}; choose auto or one of {', '.join(UNITS)}.")
-    return f"{n:,}" if unit == "B" else f"{n / UNITS[unit]:,.2f}"
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help).\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="guide-memory",
         description="Predicted per-GPU memory for DDP, ZeRO-1, ZeRO-2, FSDP2 and HSDP, from a "
                     "parameter count, an architecture or a preset; with a GPU, whether it fits.",
         epilog="presets: " + ", ".join(PRESETS))
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--params", type=float, help="parameter count, e.g. 70e9 (no shapes: ideal "
+    src.add_argument("--params", help="parameter count, e.g. 70e9 (no shapes: ideal "
                      "1/N sharding, no padding)")
     src.add_argument("--preset", help="a known model shape: " + ", ".join(PRESETS))
-    src.add_argument("--hidden", type=int, help="hidden size (with --vocab --layers --heads --mlp)")
-    p.add_argument("--vocab", type=int)
-    p.add_argument("--layers", type=int)
-    p.add_argument("--heads", type=int)
-    p.add_argument("--kv-heads", type=int)
-    p.add_argument("--mlp", type=int, help="MLP width")
+    src.add_argument("--hidden", help="hidden size (with --vocab --layers --heads --mlp)")
+    p.add_argument("--vocab")
+    p.add_argument("--layers")
+    p.add_argument("--heads")
+    p.add_argument("--kv-heads")
+    p.add_argument("--mlp", help="MLP width")
     p.add_argument("--tied", action="store_true", help="tied input/output embeddings")
-    p.add_argument("--max-seq-len", type=int, help="the longest sequence the architecture supports")
+    p.add_argument("--max-seq-len", help="the longest sequence the architecture supports")
     p.add_argument("--strategy", nargs="+", default=["ddp", "zero1", "fsdp2"],
                    help=f"one or more of {', '.join(s.value for s in Strategy)}, hsdp; or all "
                         f"({' '.join(FIT_STRATEGIES)}) (default: ddp zero1 fsdp2)")
-    p.add_argument("--shard-group", type=int, default=DEFAULT_SHARD_GROUP,
+    p.add_argument("--shard-group", default=str(DEFAULT_SHARD_GROUP),
                    help=f"HSDP: GPUs per shard group (default {DEFAULT_SHARD_GROUP}, one node)")
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", help="say whether it fits this GPU: " + ", ".join(GPU_BYTES))
-    gpu.add_argument("--gpu-memory", type=float, metavar="GIB",
+    gpu.add_argument("--gpu-memory", metavar="GIB",
                      help="say whether it fits a GPU of this many GiB")
     p.add_argument("--precision", default="bf16_mixed", help=f"one of {', '.join(PRECISIONS)}")
-    p.add_argument("--lora-rank", type=int, metavar="R",
+    p.add_argument("--lora-rank", metavar="R",
                    help="also price FSDP2 LoRA fine-tuning: rank-R adapters, the base frozen")
     p.add_argument("--base-precision", default="bf16",
                    help=f"the frozen base's dtype with --lora-rank: one of {', '.join(PRECISIONS)}")
     p.add_argument("--optimizer", default="adamw", help=f"one of {', '.join(OPTIMIZERS)}")
-    p.add_argument("--world-size", "-N", type=int, nargs="+", default=[1, 8, 64],
+    p.add_argument("--world-size", "-N", nargs="+", default=["1", "8", "64"],
                    help="one or more world sizes (default: 1 8 64)")
-    p.add_argument("--seq-len", type=int, help="add activation memory for this sequence length")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank (default 1)")
+    p.add_argument("--seq-len", help="add activation memory for this sequence length")
+    p.add_argument("--micro-batch", default="1", help="sequences per rank (default 1)")
     p.add_argument("--unfused-attention", action="store_true",
                    help="keep the 5as/h attention-score term of Korthikanti's formula")
     p.add_argument("--activation-checkpointing", default="none", metavar="{none,full}",
@@ -119,33 +120,57 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _numbers(args: argparse.Namespace) -> None:
+    """Every number given, read exactly and within :data:`~guide.memory.inputs.BOUNDS` (in
+    place); the first out of bounds raises ``ValueError`` naming its option and the fix."""
+    for key in ("params", "hidden", "vocab", "layers", "heads", "kv_heads", "mlp", "max_seq_len",
+                "seq_len", "micro_batch", "shard_group", "lora_rank"):
+        if getattr(args, key) is not None:
+            setattr(args, key, parse_int(key, getattr(args, key), BOUNDS[key].flag))
+    if len(args.world_size) > MAX_WORLD_SIZES:
+        raise ValueError(f"--world-size: at most {MAX_WORLD_SIZES} world sizes at once, got "
+                         f"{len(args.world_size)}.")
+    args.world_size = [parse_int("world_size", n, "--world-size") for n in args.world_size]
+    if args.gpu_memory is not None:
+        args.gpu_memory = parse_gib(args.gpu_memory, "--gpu-memory")
+    for flag, key, options in (("--precision", args.precision, PRECISIONS),
+                               ("--base-precision", args.base_precision, PRECISIONS),
+                               ("--optimizer", args.optimizer, OPTIMIZERS),
+                               ("--activation-checkpointing", args.activation_checkpointing,
+                                CHECKPOINTING),
+                               ("--unit", args.unit, ("auto", *UNITS))):
+        if key not in options:
+            raise unknown(flag, key, options)
+    for key in args.strategy:
+        if key not in ("all", "hsdp", *(s.value for s in Strategy)):
+            raise unknown("--strategy", key, [*(s.value for s in Strategy), "hsdp", "all"])
+    if args.gpu is not None and args.gpu not in GPU_BYTES:
+        raise unknown("--gpu", args.gpu, GPU_BYTES)
+
+
 def _architecture(args: argparse.Namespace) -> Architecture | None:
     if args.preset is not None:
         if args.preset not in PRESETS:
-            raise ValueError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}.")
+            raise unknown("--preset", args.preset, PRESETS)
         return PRESETS[args.preset]
     if args.hidden is not None:
         missing = [f"--{n}" for n in ("vocab", "layers", "heads", "mlp") if getattr(args, n) is None]
         if missing:
             raise ValueError(f"an architecture needs {' '.join(missing)} as well as --hidden.")
-        return Architecture(vocab=args.vocab, hidden=args.hidden, layers=args.layers,
+        check_heads(args.hidden, args.heads, args.kv_heads, CLI_HEAD_NAMES)
+        arch = Architecture(vocab=args.vocab, hidden=args.hidden, layers=args.layers,
                             heads=args.heads, mlp=args.mlp, kv_heads=args.kv_heads,
                             tied_embeddings=args.tied, max_seq_len=args.max_seq_len)
+        check_param_count(arch.n_params)
+        return arch
     return None
 
 
 def _n_params(args: argparse.Namespace, arch: Architecture | None) -> int:
-    if arch is not None:
-        return arch.n_params
-    if args.params != args.params or args.params < 1 or args.params != int(args.params):
-        raise ValueError(f"--params must be a positive whole number, got {args.params!r}.")
-    return int(args.params)
+    return arch.n_params if arch is not None else args.params
 
 
 def _activations(args: argparse.Namespace, arch: Architecture | None) -> int:
-    if args.activation_checkpointing not in CHECKPOINTING:
-        raise ValueError(f"unknown --activation-checkpointing {args.activation_checkpointing!r}; "
-                         f"choose one of {', '.join(CHECKPOINTING)}.")
     if args.seq_len is None:
         if args.activation_checkpointing != "none":
             raise ValueError("--activation-checkpointing prices activations: give --seq-len too.")
@@ -153,6 +178,8 @@ def _activations(args: argparse.Namespace, arch: Architecture | None) -> int:
     if arch is None:
         raise ValueError("activation memory needs an architecture (--preset or --hidden ...), "
                          "not just --params.")
+    check_seq_len(args.seq_len, arch.max_seq_len, args.preset or "this architecture",
+                  "--seq-len")
     return activation_bytes(arch, args.seq_len, args.micro_batch,
                             fused_attention=not args.unfused_attention,
                             checkpointing=args.activation_checkpointing)
@@ -189,9 +216,6 @@ def _lora(args: argparse.Namespace, arch: Architecture | None) -> dict | None:
     if arch is None:
         raise ValueError("--lora-rank adds adapters to every linear: give an architecture "
                          "(--preset or --hidden ...), not just --params.")
-    for name, key in (("--base-precision", args.base_precision), ("--precision", args.precision)):
-        if key not in PRECISIONS:
-            raise ValueError(f"unknown {name} {key!r}; choose one of {', '.join(PRECISIONS)}.")
     rows = []
     for n in args.world_size:
         sb = lora_state_bytes(arch, args.lora_rank, n, base_precision=args.base_precision,
@@ -223,9 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        if args.unit != "auto" and args.unit not in UNITS:
-            raise ValueError(f"unknown --unit {args.unit!r}; choose auto or one of "
-                             f"{', '.join(UNITS)}.")
+        _numbers(args)
         arch = _architecture(args)
         n_params = _n_params(args, arch)
         fit = _fit(args, arch, n_params, _activations(args, arch))
@@ -238,12 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     rows = fit["rows"]
     act = args.seq_len is not None
-    print(f"{_report(args, n_params)['model']}: {n_params:,} parameters; "
-          f"{PRECISIONS[args.precision].label} ({args.precision}), "
-          f"{OPTIMIZERS[args.optimizer].label}"
-          + (f"; activations of {args.micro_batch} x {args.seq_len:,} tokens, "
-             f"{'unfused' if args.unfused_attention else 'fused'} attention, "
-             f"{args.activation_checkpointing} checkpointing (estimate)" if act else ""))
+    report = _report(args, n_params)
+    print(assumptions(report["model"], n_params, (PRECISIONS[args.precision].label,
+                                                  args.precision),
+                      OPTIMIZERS[args.optimizer].label, report["activations"]))
     parts = [c for c in _PARTS if (act or c != "activations")
              and (c != "unsharded" or any(r["unsharded"] for r in rows))]
     verdict = ["fits", "headroom"] if "capacity" in fit else []
@@ -262,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if verdict:
         print(f"smallest N that fits in {format_bytes(fit['capacity'])} (N = 1, 2, 4, ..., "
               f"{FIT_WORLD_SIZES[-1]:,}): " + "; ".join(
-                  f"{FIT_LABELS_SHORT.get(k, k)} {'none' if n is None else n}"
+                  f"{FIT_LABELS_SHORT.get(k, k)}: {smallest_text(n, FIT_WORLD_SIZES[-1])}"
                   for k, n in fit["smallest_world_size"].items()))
     if lora:
         print(table([{"N": r["N"], **{c: format_bytes(r[c], args.unit) for c in _LORA}}

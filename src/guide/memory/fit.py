@@ -166,6 +166,7 @@ def smallest_world_size(model: Architecture | int, strategy: str, capacity: int,
                         shard_group: int = DEFAULT_SHARD_GROUP) -> int | None:
     """The smallest ``N`` of :data:`FIT_WORLD_SIZES` (a valid layout: HSDP's N a multiple of its
     group) whose fullest GPU fits in ``capacity`` bytes; ``None`` if none does."""
+    positive_int("shard_group", shard_group, "GPUs per HSDP shard group")
     for n in FIT_WORLD_SIZES:
         if strategy == "hsdp" and n > shard_group and n % shard_group:
             continue
@@ -183,6 +184,7 @@ def fit_report(model: Architecture | int, strategies: list[str], world_sizes: li
     """Everything the calculator shows, as JSON-ready data: one row per (strategy, N) with every
     part in bytes (HSDP at an N its mesh cannot have: the numbers are ``None`` and ``error`` says
     why) and, given a ``capacity``, whether each fits, its headroom and the smallest fitting N."""
+    positive_int("shard_group", shard_group, "GPUs per HSDP shard group")
     rows = []
     for key in strategies:
         for n in world_sizes:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import inspect
 import json
 import re
@@ -24,10 +25,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from guide.layout import chunk_sizes
 import guide.memory.activations as activations
 import guide.memory.architectures as architectures
+import guide.memory.display as display
+import guide.memory.finetune as finetune
 import guide.memory.fit as fit
+import guide.memory.inputs as inputs
 import guide.memory.predicted as predicted
 import guide.memory.state as state
 from guide.memory.activations import CHECKPOINTING
@@ -42,8 +45,8 @@ from guide.memory.fit import (
 from guide.memory.predicted import PRECISIONS
 from guide.optimizers import OPTIMIZERS
 
-__all__ = ["CHECKED_CONFIGS", "WIDGET_JS", "StaleWidget", "check", "data", "main", "render",
-           "source_hash"]
+__all__ = ["CHECKED_CONFIGS", "MIRRORED", "OUTSIDE", "WIDGET_JS", "StaleWidget", "check", "data",
+           "hashed_sources", "main", "render", "source_hash"]
 
 #: The widget's file in a source checkout.
 WIDGET_JS = Path(__file__).resolve().parents[3] / "docs" / "_static" / "memory_widget.js"
@@ -53,19 +56,44 @@ CHECKED_CONFIGS = 320
 SHORT = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp2_no_reshard": "ZeRO-2", "fsdp2": "FSDP2",
          "hsdp": "HSDP"}
 _BEGIN, _END = "// DATA-BEGIN", "// DATA-END"
+#: The modules the port mirrors, hashed whole: every ``guide.memory`` module they import must be
+#: here (``tests/memory/test_widget.py`` follows the imports and fails on one left out).
+MIRRORED = (fit, predicted, activations, architectures, state, finetune, inputs, display)
+#: Each name the mirrored modules import from outside ``guide.memory``, and how the stamp covers
+#: it: ``"source"`` (its source is hashed too), ``"data"`` (only values, which the DATA block
+#: carries and :func:`check` compares) or ``"not ported: ..."`` (the widget does not use it).
+OUTSIDE = {
+    "guide.layout.chunk_sizes": "source",
+    "guide.validate.positive_int": "source",
+    "guide.sharding.Strategy": "source",
+    "guide.constants.CONSTANTS": "data",
+    "guide.training.OPTIMIZERS": "data",
+    "guide.training.Optimizer": "data",
+    "guide.model.ModelConfig": "not ported: TinyLM's exact activations, not the calculator's",
+}
 
 
 class StaleWidget(RuntimeError):
     """The browser calculator was checked against another version of the Python model."""
 
 
+def hashed_sources() -> dict[str, str]:
+    """What :func:`source_hash` hashes, by name: each module of :data:`MIRRORED` whole, then each
+    ``"source"`` entry of :data:`OUTSIDE` (line endings normalised)."""
+    out = {m.__name__: Path(m.__file__).read_text().replace("\r\n", "\n") for m in MIRRORED}
+    for name, how in OUTSIDE.items():
+        if how == "source":
+            module, _, attr = name.rpartition(".")
+            out[name] = inspect.getsource(getattr(importlib.import_module(module), attr))
+    return out
+
+
 def source_hash() -> str:
-    """12 hex digits of SHA-256 over the Python sources the port mirrors (line endings
-    normalised): the memory model's modules and ``guide.layout.chunk_sizes``."""
+    """12 hex digits of SHA-256 over the Python sources the port mirrors
+    (:func:`hashed_sources`)."""
     digest = hashlib.sha256()
-    for module in (fit, predicted, activations, architectures, state):
-        digest.update(Path(module.__file__).read_bytes().replace(b"\r\n", b"\n"))
-    digest.update(inspect.getsource(chunk_sizes).encode())
+    for text in hashed_sources().values():
+        digest.update(text.encode())
     return digest.hexdigest()[:12]
 
 
@@ -78,6 +106,11 @@ def data() -> dict:
         "labels": {k: FIT_LABELS[k] for k in FIT_STRATEGIES},
         "short": SHORT,
         "default_shard_group": DEFAULT_SHARD_GROUP,
+        "bounds": {k: {"label": b.label, "low": b.low, "high": b.high, "example": b.example}
+                   for k, b in inputs.BOUNDS.items()},
+        "gib_max": inputs.GIB_MAX,
+        "order": {"presets": list(PRESETS), "precisions": list(PRECISIONS),
+                  "optimizers": list(OPTIMIZERS), "gpus": list(GPU_BYTES)},
         "world_sizes": list(FIT_WORLD_SIZES),
         "ddp_buckets": True,
         "checkpointing": list(CHECKPOINTING),

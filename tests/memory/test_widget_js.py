@@ -1,0 +1,326 @@
+"""The browser calculator's input checks, rounding and assumptions line are the command's, sentence
+for sentence and digit for digit.
+
+``docs/_static/memory_widget.js`` runs in Node (``tests/memory/widget_node.js`` loads it without a
+page) and every answer is compared with :mod:`guide.memory.inputs`, :mod:`guide.memory.display` and
+``guide-memory`` itself: bad input (the inputs that crashed, hung or changed a number), ties at
+half a hundredth, an exact fit, the line of assumptions, LoRA fine-tuning. No browser needed: these
+run in the fast suite (the page-level behaviour is in ``tests/test_calculator_widget.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from guide.memory import PRECISIONS
+from guide.memory.cli import main
+from guide.memory.display import fixed, format_bytes, smallest_text
+from guide.memory.inputs import (
+    BOUNDS,
+    check_heads,
+    check_param_count,
+    check_seq_len,
+    parse_gib,
+    parse_int,
+    unknown,
+)
+from guide.training import OPTIMIZERS
+
+HARNESS = Path(__file__).with_name("widget_node.js")
+GiB = 2**30
+
+
+def js(*calls: list) -> list:
+    """Each call ``[name, *args]`` of ``MemoryWidget.model``, run in Node; BigInts as strings
+    (pass one as ``"123n"``)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node not found: install Node.js (apt-get install -y nodejs) to test the "
+                    "browser calculator's JavaScript.")
+    run = subprocess.run([node, str(HARNESS)], input=json.dumps(list(calls)), text=True,
+                         capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def py_error(fn, *args) -> str | None:
+    try:
+        fn(*args)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def cli(argv: list[str]) -> tuple[str, dict | None]:
+    """(the first line guide-memory prints, its --json report)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    first = out.getvalue().splitlines()[0]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([*argv, "--json"]) == 0
+    return first, json.loads(out.getvalue())
+
+
+# -- bad input: one sentence, the same on both sides -------------------------------------------
+
+TEXTS = ["", "  ", "two", "inf", "-inf", "nan", "NaN", "0x10", "1e", ".", "-", "0", "-0", "-8",
+         "-" + "9" * 31, "9" * 31, "2.5", "0.5", "1e-5", "1.5e3", "70e9", "7.5e9", "+8", "1,024",
+         "4_096", " 16 ", "1e400", "1e30", "1e9999999999", "1e-9999999999", "9007199254740991",
+         "9007199254740992", "9007199254740993", "512", "513", "16384", "16385", "65536",
+         "100000000", "1000000000000", "100000", "00012", "12.000", "1.20e1"]
+
+
+@pytest.mark.parametrize("key", sorted(BOUNDS))
+def test_whole_numbers_are_read_and_refused_alike(key):
+    answers = js(*(["parseInt", key, t] for t in TEXTS))
+    for text, got in zip(TEXTS, answers):
+        try:
+            want = {"value": parse_int(key, text)}
+        except ValueError as err:
+            want = {"error": str(err)}
+        assert got == want, (key, text)
+
+
+def test_the_bounds_refuse_what_crashed_or_hung_the_command():
+    """The inputs found by trying, each refused by a sentence that names the limit."""
+    got = js(["parseInt", "params", "1e30"], ["parseInt", "params", "9007199254740993"],
+             ["parseInt", "world_size", "100000000"], ["parseInt", "layers", "100000"],
+             ["parseInt", "layers", "1000000000000"], ["parseInt", "shard_group", "0"])
+    assert [g["error"] for g in got] == [
+        "Parameters must be at most 9,007,199,254,740,991, got 1e30.",
+        "Parameters must be at most 9,007,199,254,740,991, got 9007199254740993.",
+        "Number of GPUs must be at most 16,384, got 100000000.",
+        "Layers must be at most 512, got 100000.",
+        "Layers must be at most 512, got 1000000000000.",
+        "HSDP shard group must be at least 1, got 0."]
+
+
+@pytest.mark.parametrize("text", ["80", "80.5", "0.001", "1048576", "1048577", "-80", "0", "",
+                                  "inf", "nan", "1e400", "2e6", "eighty", "1e-400"])
+def test_gpu_memory_is_read_and_refused_alike(text):
+    try:
+        want = {"value": parse_gib(text)}
+    except ValueError as err:
+        want = {"error": str(err)}
+    assert js(["parseGib", text]) == [want]
+
+
+def test_unknown_choices_name_the_value_and_the_options():
+    got = js(["choiceErrors", {"precision": "fp64"}], ["choiceErrors", {"optimizer": "adam"}],
+             ["choiceErrors", {"preset": "unknown-model"}], ["choiceErrors", {"precision": ""}],
+             ["choiceErrors", {"precision": "bf16", "preset": "llama-3-8b"}])
+    assert got[0] == [str(unknown("precision", "fp64", PRECISIONS))]
+    assert got[0] == ['unknown precision "fp64"; choose one of fp32, bf16_mixed, bf16, '
+                      'zero_mixed.']
+    assert got[1] == [str(unknown("optimizer", "adam", OPTIMIZERS))]
+    assert got[2][0].startswith('unknown model "unknown-model"; choose one of gpt2-xl, '
+                                "llama-3.2-1b,") and "llama-3-8b" in got[2][0]
+    assert got[3] == ['unknown precision ""; choose one of fp32, bf16_mixed, bf16, zero_mixed.']
+    assert got[4] == []
+
+
+def test_a_shared_link_with_an_unknown_model_gets_no_numbers():
+    """M.parse of a link's values: an unknown model is an error, never another model's numbers."""
+    raw = {"preset": "unknown-model", "precision": "bf16_mixed", "optimizer": "adamw",
+           "checkpointing": "none", "strategy": "all", "seq_len": "4096", "micro_batch": "1",
+           "world_size": "8", "shard_group": "8", "gpu": "H100 (80 GB)"}
+    (got,) = js(["parse", raw])
+    assert "cfg" not in got and got["errors"][0].startswith('unknown model "unknown-model"')
+
+
+@pytest.mark.parametrize(("hidden", "heads", "kv"), [(4096, 30, None), (100, 3, None),
+                                                     (4096, 32, 5), (4096, 32, 8)])
+def test_shape_checks_read_alike(hidden, heads, kv):
+    (got,) = js(["checkHeads", hidden, heads, kv])
+    assert got == py_error(check_heads, hidden, heads, kv)
+
+
+def test_sequence_and_size_checks_read_alike():
+    got = js(["checkSeqLen", 9000, 8192, "llama-3-8b"], ["checkSeqLen", 8192, 8192, "llama-3-8b"],
+             ["checkParamCount", f"{2**53}n"], ["checkParamCount", f"{2**53 - 1}n"])
+    assert got == [py_error(check_seq_len, 9000, 8192, "llama-3-8b"), None,
+                   py_error(check_param_count, 2**53), None]
+    assert got[0] == ("Sequence length 9,000 is longer than llama-3-8b supports (8,192 "
+                      "positions); use 8,192 or fewer.")
+
+
+# -- one rounding rule: half to even, exactly ----------------------------------------------------
+
+TIES = [2125 * GiB // 1000, 2375 * GiB // 1000, 2125 * GiB // 1000 + 1, 2375 * GiB // 1000 - 1,
+        -2125 * GiB // 1000, 1280, 1029, 1030, 0, 1023, 1024, 3 * 2**40 + 2**37 + 1,
+        3 * 2**40 + 2**37, 10**6 * 2**40 + 2**37 + 1, 2**70 + 2**37]
+
+
+def test_bytes_round_half_to_even_on_both_sides():
+    got = js(*(["formatBytes", f"{n}n"] for n in TIES))
+    assert got == [format_bytes(n) for n in TIES]
+    assert got[:2] == ["2.12 GiB", "2.38 GiB"]  # the widget said 2.13 for 2.125 (half up)
+
+
+def test_llama_2_7b_activations_tie_reads_the_same():
+    """The case found: llama-2-7b, N = 32, 512 tokens; whatever its activations come to, the
+    widget's text is the command's."""
+    cfg = {"preset": "llama-2-7b", "precision": "bf16_mixed", "optimizer": "adamw",
+           "checkpointing": "none", "seq_len": 512, "micro_batch": 1, "world_sizes": [32],
+           "shard_group": 8, "strategies": ["fsdp2"], "gpu": "H100 (80 GB)"}
+    (rep,) = js(["fitReport", cfg])
+    _, report = cli(["--preset", "llama-2-7b", "-N", "32", "--seq-len", "512",
+                     "--strategy", "fsdp2", "--gpu", "H100 (80 GB)"])
+    act = report["rows"][0]["activations"]
+    assert int(rep["activations"]) == act
+    assert js(["formatBytes", f"{act}n"]) == [format_bytes(act)]
+
+
+def test_random_quotients_round_alike():
+    rng = random.Random(34)
+    cases = []
+    for _ in range(400):
+        scale = 2 ** rng.randint(1, 40)
+        q = rng.randint(0, 10**18)
+        n = q * scale // 100 + rng.choice([0, 0, scale // 200, 1, -1])  # many exact ties
+        cases.append((n * rng.choice([1, -1]), scale, rng.choice([0, 1, 2, 3])))
+    got = js(*(["fixed", f"{n}n", f"{s}n", d] for n, s, d in cases))
+    assert got == [fixed(n, s, d) for n, s, d in cases]
+
+
+def test_the_smallest_n_reads_as_gpus():
+    assert js(["smallestText", None, 4096], ["smallestText", 16, 4096]) == [
+        smallest_text(None, 4096), "16"]
+    assert smallest_text(None, 4096) == "no N ≤ 4,096 GPUs"
+
+
+# -- an exact fit fits ---------------------------------------------------------------------------
+
+def test_an_exact_fit_fits_in_the_widget():
+    base = {"preset": "llama-3-8b", "precision": "bf16_mixed", "optimizer": "adamw",
+            "checkpointing": "none", "seq_len": 1024, "micro_batch": 1, "world_sizes": [8],
+            "shard_group": 8, "strategies": ["fsdp2"]}
+    (rep,) = js(["fitReport", {**base, "gpu": "H100 (80 GB)"}])
+    total = int(rep["rows"][0]["total"])
+    assert total < 2**53  # total / 2**30 is exact as a float, and floor() gives it back
+    exact, short = js(["fitReport", {**base, "gib": total / GiB}],
+                      ["fitReport", {**base, "gib": (total - 1) / GiB}])
+    assert exact["capacity"] == str(total) and exact["rows"][0]["fits"] is True
+    assert exact["rows"][0]["headroom"] == "0" and exact["smallest_world_size"]["fsdp2"] == 8
+    assert short["rows"][0]["fits"] is False and short["smallest_world_size"]["fsdp2"] != 8
+    _, py = cli(["--preset", "llama-3-8b", "-N", "8", "--seq-len", "1024", "--strategy",
+                 "fsdp2", "--gpu-memory", repr(total / GiB)])
+    assert py["rows"][0]["fits"] is True and py["rows"][0]["headroom"] == 0
+
+
+# -- what the answer assumes, and LoRA ------------------------------------------------------------
+
+ASSUMED = [
+    ({"preset": "llama-3-8b", "precision": "bf16_mixed", "optimizer": "adamw",
+      "checkpointing": "full", "seq_len": 8192, "micro_batch": 2},
+     ["--preset", "llama-3-8b", "--seq-len", "8192", "--micro-batch", "2",
+      "--activation-checkpointing", "full"]),
+    ({"hidden": 512, "heads": 8, "kv_heads": 2, "layers": 4, "vocab": 1000, "mlp": 1024,
+      "tied": True, "precision": "fp32", "optimizer": "sgd_momentum", "checkpointing": "none",
+      "seq_len": 128, "micro_batch": 1},
+     ["--hidden", "512", "--heads", "8", "--kv-heads", "2", "--layers", "4", "--vocab", "1000",
+      "--mlp", "1024", "--tied", "--precision", "fp32", "--optimizer", "sgd_momentum",
+      "--seq-len", "128"]),
+    ({"params": 70_000_000_000, "precision": "bf16", "optimizer": "adamw",
+      "checkpointing": "none"}, ["--params", "70e9", "--precision", "bf16"]),
+]
+
+
+@pytest.mark.parametrize(("cfg", "argv"), ASSUMED)
+def test_the_widget_states_the_commands_assumptions(cfg, argv):
+    """The line above the answer (the compact form's too) is guide-memory's first line."""
+    full = {**cfg, "world_sizes": [8], "shard_group": 8, "strategies": ["fsdp2"],
+            "gpu": "H100 (80 GB)"}
+    (rep,) = js(["fitReport", full])
+    first, _ = cli([*argv, "-N", "8", "--strategy", "fsdp2"])
+    revived = {**rep, "parameters": f"{rep['parameters']}n"}
+    assert js(["assumptions", full, revived]) == [first]
+
+
+@pytest.mark.parametrize(("cfg", "argv"), [
+    ({"preset": "llama-3-8b"}, ["--preset", "llama-3-8b"]),
+    ({"preset": "gpt2-xl"}, ["--preset", "gpt2-xl"]),
+    ({"hidden": 64, "heads": 4, "kv_heads": 2, "layers": 3, "vocab": 100, "mlp": 96,
+      "tied": False},
+     ["--hidden", "64", "--heads", "4", "--kv-heads", "2", "--layers", "3", "--vocab", "100",
+      "--mlp", "96"]),
+])
+@pytest.mark.parametrize(("rank", "base", "precision"), [(16, "bf16", "bf16_mixed"),
+                                                         (3, "fp32", "fp32")])
+def test_lora_in_the_widget_is_the_commands(cfg, argv, rank, base, precision):
+    sizes = [1, 8, 7]
+    full = {**cfg, "precision": precision, "optimizer": "adamw", "checkpointing": "none",
+            "seq_len": 64, "micro_batch": 1, "world_sizes": sizes, "shard_group": 8,
+            "strategies": ["fsdp2"], "gpu": "H100 (80 GB)", "lora_rank": rank,
+            "base_precision": base}
+    (rep,) = js(["fitReport", full])
+    _, py = cli([*argv, "--precision", precision, "--lora-rank", str(rank), "--base-precision",
+                 base, "-N", *map(str, sizes), "--strategy", "fsdp2", "--seq-len", "64"])
+    want = {"rank": rank, "base_precision": base,
+            "rows": [{k: (v if k == "N" else str(v)) for k, v in r.items()}
+                     for r in py["lora"]["rows"]]}
+    assert rep["lora"] == want
+
+
+def test_a_parameter_count_has_no_lora():
+    raw = {"preset": "count", "params": "7e9", "precision": "bf16_mixed", "optimizer": "adamw",
+           "checkpointing": "none", "strategy": "all", "world_size": "8", "shard_group": "8",
+           "gpu": "H100 (80 GB)", "lora_rank": "8", "base_precision": "bf16"}
+    (got,) = js(["parse", raw])
+    assert got["errors"] == ["LoRA rank adds adapters to every linear: choose a model or a "
+                             "custom shape, not a parameter count."]
+
+
+def test_a_custom_shape_takes_its_longest_sequence_like_the_command(capsys):
+    raw = {"preset": "custom", "layers": "2", "hidden": "64", "heads": "4", "kv_heads": "",
+           "vocab": "100", "mlp": "96", "max_seq_len": "1024", "precision": "bf16_mixed",
+           "optimizer": "adamw", "checkpointing": "none", "strategy": "all", "seq_len": "2048",
+           "micro_batch": "1", "world_size": "8", "shard_group": "8", "gpu": "H100 (80 GB)"}
+    too_long, fine = js(["parse", raw], ["parse", {**raw, "seq_len": "1024"}])
+    assert too_long["errors"] == [py_error(check_seq_len, 2048, 1024, "this architecture")]
+    assert fine["cfg"]["max_seq_len"] == 1024
+    with pytest.raises(SystemExit):
+        main(["--hidden", "64", "--heads", "4", "--vocab", "100", "--mlp", "96", "--layers", "2",
+              "--max-seq-len", "1024", "--seq-len", "2048"])
+    assert capsys.readouterr().err.strip() == (
+        "guide-memory: error: --seq-len 2,048 is longer than this architecture supports (1,024 "
+        "positions); use 1,024 or fewer.")
+
+
+def test_no_form_makes_the_widget_throw():
+    """Random forms, typos and extremes included: each gets messages or a full report, never an
+    exception, a NaN or an undefined."""
+    rng = random.Random(2026)
+    values = ["0", "1", "2", "8", "12", "-1", "2.5", "1e3", "inf", "", "x", "1e400", "9" * 25,
+              "16384", "16385", "512", "1,024"]
+    base = {"preset": "llama-3-8b", "precision": "bf16_mixed", "optimizer": "adamw",
+            "checkpointing": "none", "strategy": "all", "seq_len": "4096", "micro_batch": "1",
+            "world_size": "8", "shard_group": "8", "gpu": "H100 (80 GB)", "params": "70e9",
+            "layers": "4", "hidden": "256", "heads": "4", "kv_heads": "", "vocab": "1000",
+            "mlp": "512", "max_seq_len": "", "lora_rank": "", "base_precision": "bf16", "gib": "80"}
+    forms = []
+    for _ in range(150):
+        raw = dict(base, preset=rng.choice(["llama-3-8b", "gpt2-xl", "custom", "count", "nope"]),
+                   gpu=rng.choice(["H100 (80 GB)", "custom"]))
+        for key in rng.sample(["seq_len", "micro_batch", "world_size", "shard_group", "params",
+                               "layers", "hidden", "heads", "kv_heads", "vocab", "mlp",
+                               "max_seq_len", "lora_rank", "gib"], 3):
+            raw[key] = rng.choice(values)
+        forms.append(raw)
+    parsed = js(*(["parse", f] for f in forms))
+    good = [p["cfg"] for p in parsed if "cfg" in p]
+    assert all("errors" in p and p["errors"] for p in parsed if "cfg" not in p), parsed
+    assert len(good) >= 10
+    reports = js(*(["fitReport", c] for c in good))
+    text = json.dumps([parsed, reports])
+    assert '"error"' not in text and "NaN" not in text and "undefined" not in text
