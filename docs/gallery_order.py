@@ -51,8 +51,9 @@ SECTIONS = (
             "Tensor parallel + FSDP2 on a 2-D mesh; torch.compile with fully_shard.",
             ("plot_tp_fsdp2.py", "plot_compile_fsdp2.py")),
     Section("Migrate and pitfalls",
-            "From FSDP1 to fully_shard, and the common mistakes with the message torch prints.",
-            ("plot_fsdp1_migration.py", "plot_pitfalls.py")),
+            "From FSDP1 to fully_shard, the common mistakes with the message torch prints, and "
+            "hangs.",
+            ("plot_fsdp1_migration.py", "plot_pitfalls.py", "plot_when_fsdp2_breaks.py")),
 )
 
 STORY = tuple(name for section in SECTIONS for name in section.files)

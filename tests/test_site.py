@@ -700,6 +700,7 @@ KEY_API = {
     "plot_checkpoint.py": "dcp.save(",
     "plot_fsdp1_migration.py": "fully_shard(",
     "plot_pitfalls.py": "fully_shard(",
+    "plot_when_fsdp2_breaks.py": "fully_shard(",
     "plot_finetune_lora.py": "fully_shard(",
     "plot_tp_fsdp2.py": "parallelize_module(",
     "plot_compile_fsdp2.py": ".compile(",
