@@ -506,11 +506,12 @@ else:
         unit="s", against="the timeout given to init_process_group"), fmt=".1f", **RUN)
     aborted = assert_reproduces(run + " (shared group)", [s.stderr for s in shared.ranks],
                                 "Received data size doesn't match expected size")
-    who = [s for s in shared.ranks if "Received data size" in s.stderr]
+    who = shared.ranks[shared.error.rank]  # the rank the launcher blames: gloo aborted it
     checks.expect("pitfall reproduces", run + " (shared group)",
-                  [s.rank for s in who] == IDLE and who[0].waiting_in == "reduce-scatter",
-                  f"gloo aborted ranks {[s.rank for s in who]} in {who[0].waiting_in!r}, "
-                  f"expected the idle ranks {IDLE} in the reduce-scatter")
+                  who.rank in IDLE and who.waiting_in == "reduce-scatter"
+                  and "Received data size" in who.stderr,
+                  f"rank {who.rank} failed first, in {who.waiting_in!r}, saying {who.stderr!r}; "
+                  f"expected an idle rank {IDLE} aborted by gloo in the reduce-scatter")
     job_s = {own_: ledger.claim(f"whenbreaks.hang.{name}.job_seconds", h.seconds, "s",
                                 fmt=".1f", **RUN)
              for own_, name, h in ((True, "own_group", own), (False, "shared_group", shared))}
@@ -521,7 +522,7 @@ else:
     print(f"first error after {waited:.1f} s; the launcher ended the job after "
           f"{job_s[True]:.1f} s with {type(own.error).__name__}\n")
     text = gist(aborted)
-    print(f"expert in the root's group: rank {who[0].rank} wrote\n  "
+    print(f"expert in the root's group: rank {who.rank} wrote\n  "
           f"{text[text.index('Received data size'):]}\nand was killed by SIGABRT in the "
           f"reduce-scatter; the launcher ended the job after {job_s[False]:.1f} s with "
           f"{type(shared.error).__name__}")
