@@ -60,6 +60,34 @@ def optimizer_holds_shards(optimizer: torch.optim.Optimizer) -> None:
 
 
 # %%
+# Symptom → fix
+# -------------
+# Each row links to its section; every symptom is reproduced there by this page's run.
+
+# sphinx_gallery_start_ignore
+from guide import report
+from guide.report import Link
+
+SYMPTOMS = [  # (section label, symptom, cause, fix)
+    ("order", "the loss falls, the embeddings and the head never change",
+     "optimizer built before the root's fully_shard, or after a forward",
+     "build it right after fully_shard(model), or call model.reshard() first"),
+    ("methods", "RuntimeError: ...got mixed torch.Tensor and DTensor, in generate() or "
+     "model.forward(x)", "a method that bypasses model(...)",
+     'register_fsdp_forward_method(model, "generate")'),
+    ("hangs", "RuntimeError: Timed out waiting ...ms for send (or recv) operation to complete; "
+     "until then, silence", "a rank skipped a module that has its own fully_shard group",
+     "run the module on every rank (on zero tokens)"),
+    ("hangs", "Received data size doesn't match expected size. Is there a distributed collective "
+     "mismatch in your code? (SIGABRT)", "a rank skipped a module inside a larger group",
+     "set_reduce_scatter_unused_params(True), or run it"),
+]
+report.show(report.table([[Link(symptom, f"#whenbreaks-{label}"), cause, fix]
+                          for label, symptom, cause, fix in SYMPTOMS],
+                         ["symptom", "cause", "fix"]))
+# sphinx_gallery_end_ignore
+
+# %%
 # Setup
 # -----
 # The site's model with 2 blocks (:class:`guide.model.TinyLM`), SGD, one global batch repeated,
@@ -70,7 +98,7 @@ def optimizer_holds_shards(optimizer: torch.optim.Optimizer) -> None:
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, plotting, report
+from guide import checks, claims, plotting
 from guide.comm import CollectiveLog
 from guide.data import rank_slice, synthetic_batches
 from guide.hangs import expect_failure, gist, witness
