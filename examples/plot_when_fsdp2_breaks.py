@@ -5,9 +5,9 @@ When FSDP2 hangs or stops learning: order mistakes, skipped modules, methods oth
 .. admonition:: Verdict
    :class: tip
 
-   Three mistakes that raise nothing where they are made. **Build the optimizer right after
-   ``fully_shard(model)``, before any forward**: built between the blocks' ``fully_shard`` and the
-   root's, or after one forward (a smoke test, an evaluation), it holds
+   Three mistakes whose symptom shows far from the line that made them. **Build the optimizer right
+   after ``fully_shard(model)``, before any forward**: built between the blocks' ``fully_shard``
+   and the root's, or after one forward (a smoke test, an evaluation), it holds
    :claim:`whenbreaks.order.forward_first.frozen_tensors` of the root's parameter tensors
    (:claim:`whenbreaks.order.forward_first.frozen_params` numbers) as plain tensors that FSDP2 no
    longer trains: they never move, and the loss still falls. **Call the model, or register the
@@ -15,12 +15,12 @@ When FSDP2 hangs or stops learning: order mistakes, skipped modules, methods oth
    DTensor``; after ``register_fsdp_forward_method(model, "generate")`` it gives one process's
    tokens, and :claim:`whenbreaks.generate.new_tokens` new tokens cost
    :claim:`whenbreaks.generate.registered.first_call` all-gathers
-   (:claim:`whenbreaks.generate.keep.first_call` with ``set_reshard_after_forward(False)``).
-   **Run every FSDP2 module on every rank**: a rank that skips an idle expert leaves the others
-   waiting in a collective, for the process group's ``timeout`` (30 minutes unless you pass one;
-   here :claim:`whenbreaks.hang.timeout_s` s), or gloo aborts a rank on the size mismatch. Call
-   the expert on zero tokens instead, or ``set_reduce_scatter_unused_params(True)`` when it shares
-   an FSDP group.
+   (:claim:`whenbreaks.generate.keep.first_call` with ``set_reshard_after_forward(False)``). **Run
+   every FSDP2 module on every rank**: a rank that skips an idle expert leaves the others waiting
+   in a collective, for the process group's ``timeout`` (on gloo 30 minutes unless you pass one;
+   here :claim:`whenbreaks.hang.timeout_s` s), or gloo aborts a rank on the size mismatch. Call the
+   expert on zero tokens instead, or ``set_reduce_scatter_unused_params(True)`` when it shares an
+   FSDP group.
 
 Measured on CPU gloo processes (tiny models, two shared cores); nothing here is predicted for a
 GPU. The :ref:`pitfalls page <sphx_glr_auto_examples_plot_pitfalls.py>` shows the mistakes these
@@ -396,8 +396,9 @@ print(f"model(x) in eval, three forwards in a row: {eval_counts} all-gathers; th
 # all-gather before the module's forward when it is its own ``fully_shard`` group, and a
 # reduce-scatter of the group's gradients after backward either way. A tiny router model shows
 # both: tokens whose first feature is positive go through the expert, and one rank's batch has
-# none. The wrong line is the early return; the fix is to run the expert on zero tokens, which
-# costs nothing and gives the expert a zero gradient on that rank.
+# none. The wrong line is the early return; the fix is to run the expert on zero tokens: it
+# computes nothing, takes part in the expert's collectives, and gives the expert a zero gradient
+# on that rank.
 class TinyMoE(nn.Module):
     """A shared layer for every token, an expert for the tokens the router picks, a head."""
 
@@ -494,12 +495,12 @@ HANGS = {} if guide.under_torchrun() else {  # a hang in torchrun's own group wo
 # %%
 # **Outcome.** The expert in its own group: the routed rank waits in the expert's all-gather, the
 # idle rank has gone on to backward and waits in the reduce-scatter. Neither can finish; gloo
-# raises once the process group's ``timeout`` has passed. ``init_process_group`` waits 30 minutes by
-# default: pass ``timeout=timedelta(seconds=...)`` of a few times your longest step, so a hang
-# costs minutes, not half an hour. The expert in the root's group: every rank all-gathers it, but
-# the idle rank has no expert gradient, so its reduce-scatter is smaller and gloo aborts a rank
-# (the message goes to the rank's stderr: C++ ends the process). With either fix the run equals
-# one process.
+# raises once the process group's ``timeout`` has passed. On gloo ``init_process_group`` waits 30
+# minutes by default (``torch.distributed.constants.default_pg_timeout``): pass
+# ``timeout=timedelta(seconds=...)`` of a few times your longest step, so a hang costs minutes, not
+# half an hour. The expert in the root's group: every rank all-gathers it, but the idle rank has no
+# expert gradient, so its reduce-scatter is smaller and gloo aborts a rank (the message goes to the
+# rank's stderr: C++ ends the process). With either fix the run equals one process.
 
 # sphinx_gallery_start_ignore
 run = "3. skipped module"
