@@ -353,12 +353,14 @@ print(f"model.forward(x), or generate() calling self.forward, on torch {torch.__
       f"  {error}\n")
 one_process = generate_lm().generate(PROMPT, NEW_TOKENS)
 ledger.claim("whenbreaks.generate.new_tokens", NEW_TOKENS, "tokens", **RUN)
-EXPECTED_GATHERS = {  # (first call, second call): the rule above, for this model
-    "registered": (1 + CFG.n_layers * NEW_TOKENS, CFG.n_layers * NEW_TOKENS),
-    "registered, set_reshard_after_forward(False)": (GROUPS, 0),
+EXPECTED_GATHERS = {  # (first call, second call, the rule): the rules above, for this model
+    "registered": (1 + CFG.n_layers * NEW_TOKENS, CFG.n_layers * NEW_TOKENS,
+                   "one per block per token, the root's once, then kept"),
+    "registered, set_reshard_after_forward(False)": (GROUPS, 0,
+                                                     "one per group, then every group kept"),
 }
 GEN_ROWS = [["not registered", "RuntimeError", 0, 0]]
-for way, (first, second) in EXPECTED_GATHERS.items():
+for way, (first, second, rule) in EXPECTED_GATHERS.items():
     got = METHODS[way]
     checks.expect("method output", f"{run}: {way}",
                   got["tokens"] is not None and torch.equal(got["tokens"], one_process),
@@ -367,7 +369,7 @@ for way, (first, second) in EXPECTED_GATHERS.items():
     key = "registered" if way == "registered" else "keep"
     counts = [ledger.record(f"whenbreaks.generate.{key}.{call}", checks.expect_close(
         "comm calls", f"{run}: {way}", measured, want, 0, what="all-gathers", unit="calls",
-        against="one per block per token, the root's once (its groups' resharding rule)"),
+        against=rule),
         fmt=".0f", **RUN) for call, measured, want in
         zip(("first_call", "second_call"), got["all_gathers"], (first, second))]
     GEN_ROWS.append([way, "one process's tokens", *counts])
