@@ -48,7 +48,8 @@ TITLES = (
     Section("Beyond data parallel",
             "Tensor parallel + FSDP2 on a 2-D mesh; torch.compile with fully_shard."),
     Section("Migrate and pitfalls",
-            "From FSDP1 to fully_shard, and the common mistakes with the message torch prints."),
+            "From FSDP1 to fully_shard, the common mistakes with the message torch prints, and "
+            "hangs."),
     Section("Contribute",
             "The template a new page starts from: a declaration, a worker, a check, a table."),
 )

@@ -163,7 +163,9 @@ def run_pitfall(worker) -> None:
 # *old* tensors: no gradient ever reaches them, ``step()`` skips parameters without a gradient, and
 # training does nothing, without an error or a warning. The fix is the order: shard, then build the
 # optimizer. The wrong way trains on one batch repeated, so a loss that does not move is the
-# symptom, not a change of data.
+# symptom, not a change of data. Two variants freeze only the root's parameters while the loss
+# still falls (the optimizer built between the blocks' and the root's ``fully_shard``, or after a
+# forward): see :ref:`order mistakes <whenbreaks-order>` on the page about hangs.
 ONE_BATCH = BATCHES[:1].expand(5, -1, -1)  # the same global batch, 5 times
 ONE_BATCH_REFERENCE = reference_run(CFG, "sgd", ONE_BATCH)
 
@@ -902,6 +904,7 @@ report.show(report.table([[repr(o), counts[o], R["9"][o]["root holds after forwa
 # with the parameters without going through ``forward`` (a ``generate``, an ``embed``, a scoring
 # helper) meets them sharded, as ``DTensor``, next to plain tensors. pytorch #125394 added
 # ``register_fsdp_forward_method(model, "embed")``, which wraps the method in the same hooks.
+# A ``generate`` loop, and what it all-gathers per token: :ref:`generate <whenbreaks-methods>`.
 class EmbedLM(TinyLM):
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
