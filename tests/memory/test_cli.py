@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from guide.memory import PRESETS, GiB, activation_bytes, per_rank_state_bytes
-from guide.memory.activations import checkpointed_layer_bytes, korthikanti_layer_bytes
+from guide.memory import autocast_weight_bytes, fsdp2_buffer_bytes
+from guide.memory.activations import block_bytes, checkpointed_layer_bytes, logits_bytes
 from guide.memory.architectures import Architecture
 from guide.memory.cli import UNITS, format_bytes, main
 from guide.memory.finetune import finetune_state_bytes, lora_shapes
@@ -43,11 +44,16 @@ def test_table_is_predicts_numbers_with_buckets(capsys):
                  "--precision", "bf16_mixed", "--unit", "GiB"]) == 0
     out = capsys.readouterr().out
     assert "70,553,706,496 parameters" in out
-    assert "predicted GiB per rank; total = params + grads + optimizer + buckets" in out
-    shapes = PRESETS["llama-3-70b"].param_shapes()
+    assert ("predicted GiB per rank; total = params + grads + optimizer + buckets + autocast + "
+            "buffers") in out
+    arch = PRESETS["llama-3-70b"]
+    shapes = arch.param_shapes()
     for key, label in (("ddp", "DDP"), ("fsdp2", "FSDP2")):
         sb = per_rank_state_bytes(shapes, key, 8, "bf16_mixed", "adamw", ddp_buckets=True)
-        want = [f"{v / GiB:,.2f}" for v in (sb.params, sb.grads, sb.optimizer, sb.buckets, sb.total)]
+        extra = (autocast_weight_bytes(arch, key, "bf16_mixed"),
+                 fsdp2_buffer_bytes(arch, key, "bf16_mixed"))
+        want = [f"{v / GiB:,.2f}" for v in (sb.params, sb.grads, sb.optimizer, sb.buckets,
+                                            *extra, sb.total + sum(extra))]
         assert _row(out, label, 8) == want
     assert _row(out, "DDP", 8)[3] != "0.00"  # DDP's buckets are in the table, and labelled
 
@@ -99,7 +105,7 @@ def test_a_small_model_reads_in_small_units_not_zeros(capsys):
     for row in report["rows"]:
         cells = _row(out, {"ddp": "DDP", "fsdp2": "FSDP2"}[row["strategy"]], row["N"])
         want = " ".join(format_bytes(row[c]) for c in ("params", "grads", "optimizer", "buckets",
-                                                      "total"))
+                                                      "buffers", "total"))
         assert " ".join(cells) == want
     assert re.search(r"KiB|MiB", out)
 
@@ -121,18 +127,21 @@ def test_json_has_every_table_field_as_integer_bytes(capsys):
     assert report["precision"] == "bf16_mixed" and report["optimizer"] == "adamw"
     assert report["ddp_buckets"] is True
     assert report["activations"] == {"seq_len": 8192, "micro_batch": 2, "attention": "fused",
-                                     "checkpointing": "none",
+                                     "checkpointing": "none", "norm": "fused",
                                      "formula": report["activations"]["formula"]}
     assert len(report["rows"]) == 4
     act = activation_bytes(arch, 8192, 2)
     for row in report["rows"]:
         sb = per_rank_state_bytes(arch.param_shapes(), row["strategy"], row["N"], "bf16_mixed",
                                   "adamw", ddp_buckets=True)
+        autocast = autocast_weight_bytes(arch, row["strategy"], "bf16_mixed")
+        buffers = fsdp2_buffer_bytes(arch, row["strategy"], "bf16_mixed")
         assert row == {"strategy": row["strategy"], "label": row["label"], "N": row["N"],
                        "shard_group": 1 if row["strategy"] == "ddp" else row["N"],
                        "params": sb.params, "unsharded": 0, "grads": sb.grads,
-                       "optimizer": sb.optimizer,
-                       "buckets": sb.buckets, "activations": act, "total": sb.total + act}
+                       "optimizer": sb.optimizer, "buckets": sb.buckets, "activations": act,
+                       "autocast": autocast, "buffers": buffers,
+                       "total": sb.total + act + autocast + buffers}
         assert all(isinstance(row[c], int) for c in ("params", "grads", "optimizer", "buckets",
                                                      "activations", "total"))
 
@@ -151,9 +160,10 @@ def test_full_checkpointing_prices_block_inputs_plus_one_recomputed_block(capsys
     none = _json(base, capsys)["rows"][0]["activations"]
     full_report = _json([*base, "--activation-checkpointing", "full"], capsys)
     full = full_report["rows"][0]["activations"]
-    layer = korthikanti_layer_bytes(8192, 1, arch.hidden, arch.heads, fused_attention=True)
-    assert none == arch.layers * layer
-    assert full == arch.layers * checkpointed_layer_bytes(arch.hidden, 8192, 1, 2) + layer
+    layer = block_bytes(arch, 8192, 1, norm="fused", bytes_per_element=2)
+    head = 8192 * (2 * 2 * arch.hidden + 4) + logits_bytes(arch, 8192, 1)  # final norm, logits
+    assert none == arch.layers * layer + head
+    assert full == arch.layers * checkpointed_layer_bytes(arch.hidden, 8192, 1, 2) + layer + head
     assert full_report["activations"]["checkpointing"] == "full"
     main([*base, "--activation-checkpointing", "full"])
     assert "full checkpointing (estimate)" in capsys.readouterr().out
@@ -174,8 +184,8 @@ def test_full_checkpointing_prices_block_inputs_plus_one_recomputed_block(capsys
     (["--preset", "llama-3-8b", "--seq-len", "0"], "seq_len must be a positive integer"),
     (["--preset", "llama-3-8b", "--seq-len", "128", "--micro-batch", "0"], "micro_batch"),
     (["--params", "7e9", "--optimizer", "adam"], "unknown optimizer"),
-    (["--preset", "llama-3-8b", "--seq-len", "128", "--activation-checkpointing", "selective"],
-     "unknown --activation-checkpointing 'selective'; choose one of none, full"),
+    (["--preset", "llama-3-8b", "--seq-len", "128", "--activation-checkpointing", "offload"],
+     "unknown --activation-checkpointing 'offload'; choose one of none, full, selective"),
     (["--preset", "llama-3-8b", "--activation-checkpointing", "full"], "give --seq-len too"),
     (["--params", "7e9", "--unit", "GB"], "unknown --unit 'GB'; choose auto or one of B, KiB"),
 ])

@@ -30,6 +30,7 @@ import guide.memory.architectures as architectures
 import guide.memory.fit as fit
 import guide.memory.predicted as predicted
 import guide.memory.state as state
+import guide.memory.transient as transient
 from guide.memory.activations import CHECKPOINTING
 from guide.memory.architectures import PRESETS
 from guide.memory.fit import (
@@ -63,7 +64,7 @@ def source_hash() -> str:
     """12 hex digits of SHA-256 over the Python sources the port mirrors (line endings
     normalised): the memory model's modules and ``guide.layout.chunk_sizes``."""
     digest = hashlib.sha256()
-    for module in (fit, predicted, activations, architectures, state):
+    for module in (fit, predicted, activations, architectures, state, transient):
         digest.update(Path(module.__file__).read_bytes().replace(b"\r\n", b"\n"))
     digest.update(inspect.getsource(chunk_sizes).encode())
     return digest.hexdigest()[:12]
