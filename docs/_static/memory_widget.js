@@ -210,7 +210,7 @@
     "hsdp": "HSDP",
     "zero1": "ZeRO-1"
    },
-   "source_hash": "64761e7d1b71",
+   "source_hash": "b8ced986952e",
    "strategies": [
     "ddp",
     "zero1",

@@ -40,7 +40,7 @@ from guide.model import ModelConfig
 from guide.validate import positive_int
 
 __all__ = ["CHECKPOINTING", "KORTHIKANTI_BYTES", "KORTHIKANTI_SBH", "KORTHIKANTI_SCORES", "NORMS",
-           "Term", "activation_bytes", "block_bytes", "checkpointed_layer_bytes",
+           "Term", "activation_bytes", "block_bytes", "block_norm_bytes", "checkpointed_layer_bytes",
            "korthikanti_layer_bytes", "llama_layer_bytes", "logits_bytes", "selective_layer_bytes",
            "tinylm_layer_bytes", "tinylm_terms"]
 
@@ -218,6 +218,16 @@ def block_bytes(arch: Architecture, seq_len: int, micro_batch: int, *, norm: str
                                             else a * s * s * b * e + s * s)
     mlp = t * e * m * (4 if arch.gated_mlp else 2)
     return 2 * _norm_bytes(arch, t, e, norm) + attention + mlp
+
+
+def block_norm_bytes(arch: Architecture, seq_len: int, micro_batch: int, *, norm: str,
+                     bytes_per_element: int) -> int:
+    """The part of :func:`block_bytes` its two normalizations keep (their inputs, statistics and
+    outputs): what every rank of a tensor-parallel group holds whole without sequence
+    parallelism; the rest of the block (attention, MLP) splits over the group."""
+    s, b = _sizes(seq_len, micro_batch)
+    e = positive_int("bytes_per_element", bytes_per_element, "bytes per activation element")
+    return 2 * _norm_bytes(arch, s * b, e, norm)
 
 
 def selective_layer_bytes(arch: Architecture, seq_len: int, micro_batch: int, *,
