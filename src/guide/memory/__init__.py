@@ -1,12 +1,14 @@
 """Memory per rank, predicted and measured.
 
 * :mod:`guide.memory.predicted` -- **predicted** bytes per rank from parameter shapes (the ZeRO
-  model: DDP, ZeRO-1, ZeRO-2, FSDP2) and the smallest world that fits.
+  model: DDP, torch's ZeRO-1 (ZeroRedundancyOptimizer), the paper's ZeRO-2, FSDP2).
 * :mod:`guide.memory.activations` -- **predicted** activation bytes, operation by operation
   (GPT- and Llama-style blocks, the logits and their gradient; Korthikanti's Eq. 1 for comparison).
 * :mod:`guide.memory.transient` -- **predicted** bytes held only during the step: autocast's
   weight copies, FSDP2's gathered parameters and gradient buffers.
-* :mod:`guide.memory.fit` -- all of it per GPU, per layout, against a GPU's memory.
+* :mod:`guide.memory.fit` -- all of it per GPU, per layout, against a GPU's memory, and the
+  smallest world that fits (:func:`~guide.memory.min_world_size`).
+* :mod:`guide.memory.published` -- the model against published GPU peaks, with its tolerance.
 * :mod:`guide.memory.measured` -- **measured** bytes a live rank holds between steps (tensor storage,
   DDP's reducer buckets).
 * :mod:`guide.memory.peak` -- **measured** peak of a rank's process during a step.

@@ -50,7 +50,9 @@ __all__ = ["CHECKED_CONFIGS", "WIDGET_JS", "StaleWidget", "check", "data", "main
 WIDGET_JS = Path(__file__).resolve().parents[3] / "docs" / "_static" / "memory_widget.js"
 #: How many configurations the browser test compares (the widget states it).
 CHECKED_CONFIGS = 320
-#: Short names the widget's table and chart use.
+#: Short names the widget's table and chart use (its 64-pixel label column): ``ZeRO-1`` is
+#: DDP + torch's ZeroRedundancyOptimizer, ``ZeRO-2`` FSDP2 with reshard_after_forward=False (their
+#: full labels, :data:`guide.memory.fit.FIT_LABELS`, are in the strategy menu).
 SHORT = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp2_no_reshard": "ZeRO-2", "fsdp2": "FSDP2",
          "hsdp": "HSDP"}
 _BEGIN, _END = "// DATA-BEGIN", "// DATA-END"
