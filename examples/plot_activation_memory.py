@@ -9,8 +9,9 @@ Activation memory, measured; activation checkpointing with FSDP2
    ``checkpoint_wrapper`` before ``fully_shard``: the blocks then keep
    :claim:`tinylm.ac.saved_ratio` times fewer bytes, for one extra forward per block
    (:claim:`tinylm.ac.checkpointed.block_forwards_per_step` block forwards per step instead of
-   :claim:`tinylm.ac.plain.block_forwards_per_step`), losses bitwise equal. Budget a Llama block at
-   :claim:`activations.llama_block.measured_over_korthikanti` times Korthikanti's ``34sbh``.
+   :claim:`tinylm.ac.plain.block_forwards_per_step`), losses bitwise equal. A Llama block with
+   torch's composite RMSNorm keeps :claim:`activations.llama_block.measured_over_korthikanti` times
+   Korthikanti's ``34sbh``: budget it with the calculator's per-operation count, not with ``34sbh``.
 
 Measured on CPU gloo processes (tiny models, two shared cores); the calculator's numbers for real
 models are predicted and labelled so.
@@ -19,9 +20,10 @@ Model state (parameters, gradients, optimizer state) is the part of memory that 
 and the site predicts it to the byte. The other part is **activations**: the tensors the forward
 pass keeps for the backward pass. They are not sharded by data parallelism (every rank keeps those
 of its own micro-batch), they grow with sequence length and batch, and at real sequence lengths
-they decide whether a model fits. The calculator prices them with Korthikanti et al.'s formula,
-``s*b*h*(34 + 5*a*s/h)`` bytes per layer (arXiv 2205.05198, Eq. 1), an estimate that no run had
-checked.
+they decide whether a model fits. The usual estimate is Korthikanti et al.'s formula,
+``s*b*h*(34 + 5*a*s/h)`` bytes per layer (arXiv 2205.05198, Eq. 1), derived for a GPT block; the
+calculator counts them operation by operation instead
+(:func:`guide.memory.activations.block_bytes`), the count this page checks against measured blocks.
 
 This page counts what autograd really keeps, derives the exact formula for the site's model, and
 **fails the build** unless the two agree to the byte. Korthikanti's value sits beside it, with its
@@ -84,12 +86,15 @@ from guide.memory import (PRECISIONS, PRESETS, RESOLUTION_BYTES, PeakMemory, cur
 from guide.memory.activations import (
     KORTHIKANTI_SBH,
     activation_bytes,
+    block_bytes,
     checkpointed_layer_bytes,
     korthikanti_layer_bytes,
     llama_layer_bytes,
     tinylm_layer_bytes,
     tinylm_terms,
 )
+from guide.memory.architectures import Architecture
+from guide.memory.fit import per_gpu
 from guide.memory.state import GiB
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
@@ -278,6 +283,10 @@ llama_ratio_scores = ledger.claim(
     "activations.llama_block.measured_over_korthikanti_with_scores",
     round(llama_saved / korth_llama[False], 2), "ratio", shape=llama_shape,
     formula="Korthikanti Eq. 1, 34*s*b*h + 5*a*s*s*b")
+llama_arch = Architecture(vocab=2, hidden=LH, layers=1, heads=LA, kv_heads=LKV, mlp=LM)
+checks.expect_close("Llama block activations", llama_shape, saved_llama.nbytes,
+                    block_bytes(llama_arch, LS, LB, norm="composite", bytes_per_element=2), 0,
+                    "saved bytes", against="the calculator's count (guide.memory.activations)")
 show(table([("measured (hooks) = per-operation count", llama_saved),
             ("Korthikanti 34·sbh (fused attention)", korth_llama[True]),
             ("Korthikanti 34·sbh + 5as²b", korth_llama[False])],
@@ -290,8 +299,11 @@ show(table([("measured (hooks) = per-operation count", llama_saved),
 # ``34 s b h`` (the calculator's formula) and
 # :claim:`activations.llama_block.measured_over_korthikanti_with_scores` times the full Eq. 1 with
 # its scores term, which SDPA never stores: the SwiGLU MLP's three ``m``-wide tensors outweigh the
-# ``4h`` GELU MLP's, and grouped-query attention saves little on ``k`` and ``v``. The calculator's
-# activation figures for Llama models are therefore low by about that factor.
+# ``4h`` GELU MLP's, and grouped-query attention saves little on ``k`` and ``v``. Korthikanti's
+# formula is low for Llama models by about that factor, so the calculator does not use it: it
+# counts each block operation by operation (:func:`guide.memory.activations.block_bytes`), which
+# gives this block's measured bytes with ``norm="composite"`` (checked below), and prices GPU runs
+# with a fused RMSNorm (``norm="fused"``: only its input and ``rstd`` kept, no fp32 copies).
 
 # %%
 # SDPA and explicit attention compute the same thing; only the memory differs
@@ -735,10 +747,11 @@ and Accelerate's fp32 {ACC}x leave out.""")
 # Against published measurements
 # ------------------------------
 # Measured per-GPU memory that projects published with their settings, and this calculator's
-# estimate for the same settings: model state (:func:`~guide.memory.per_rank_state_bytes`) plus
-# activations (:func:`~guide.memory.activations.activation_bytes`: Korthikanti, fused
-# attention), without and with full checkpointing. The formulas are the ones validated above;
-# they were not changed to fit these rows. The measurements and their settings are cited
+# estimate for the same settings: model state (:func:`~guide.memory.per_rank_state_bytes`) alone,
+# then the calculator's whole answer for the torchtitan runs as they ran (selective checkpointing:
+# :func:`guide.memory.fit.per_gpu` with :func:`~guide.memory.activations.activation_bytes`, the
+# logits and FSDP2's buffers included). The formulas are the ones validated above; they were not
+# changed to fit these rows. The memory calculator page checks the same runs against a tolerance. The measurements and their settings are cited
 # constants, printed first:
 #
 # * torchtitan, ``benchmarks/llama3_h100_202412_torchtitan.md``
@@ -787,15 +800,17 @@ for key, (label, measured, model, seq, micro) in PUBLISHED.items():
                                                   "adamw", ddp_buckets=True).total
     row = [label, measured / GiB, gib(key, "state", state, precision=precision),
            state / measured - 1]
-    for ac in ("none", "full"):  # the encoder-decoder demo is not an Architecture
-        total = (state + activation_bytes(llama, seq, micro, checkpointing=ac)
-                 if seq else None)
-        row += ([gib(key, f"state_plus_activations.ac-{ac}", total, precision=precision,
-                     seq_len=seq, micro_batch=micro), total / measured - 1]
-                if total else [None, None])
+    # the encoder-decoder demo is not an Architecture: its activations are not priced
+    total = (per_gpu(llama, strategy, n, precision, "adamw", ddp_buckets=True,
+                     activations=activation_bytes(llama, seq, micro, checkpointing="selective",
+                                                  bytes_per_element=PRECISIONS[precision]
+                                                  .compute)).total if seq else None)
+    row += ([gib(key, "calculator.selective_ac", total, precision=precision, seq_len=seq,
+                 micro_batch=micro, checkpointing="selective"), total / measured - 1]
+            if total else [None, None])
     pub_rows.append(row)
-COLS = ["per GPU (GiB)", "measured", "state", "err state", "+ act, no AC", "err no AC",
-        "+ act, full AC", "err full AC"]
+COLS = ["per GPU (GiB)", "measured", "state", "err state", "calculator, selective AC",
+        "err calculator"]
 show(table(pub_rows, COLS, formats={c: ("+.0%" if c.startswith("err") else ".1f")
                                      for c in COLS[1:]}, record=ledger, name="published.table"))
 batch, seq = TT["local_batch"], TT["seq_len"]
@@ -820,13 +835,12 @@ drops = (ledger.claim(f"published.llama-3.1-8b.n{N8}-to-n{N128}.state_drop",
                       source="torchtitan tables 1 and 3"))
 print(f"""
 Why they differ (causes named, not fitted):
-- torchtitan: the run used selective (op) checkpointing, between the two estimates. \
-The no-AC estimate lands near the measurement by compensation: Korthikanti's \
-{KORTHIKANTI_SBH} assumes a 4h GELU MLP and full multi-head attention (Llama has a \
-{llama.mlp / llama.hidden:.1f}h SwiGLU MLP and {llama.kv_heads} KV heads) and no AC, \
-while the measurement adds the fp32 logits of the loss ({logits:.1f} GiB for {batch} x \
-{seq:,} tokens x {llama.vocab:,} vocabulary), bf16 all-gather buffers, and the caching \
-allocator's reserve over what is allocated.
+- torchtitan: the calculator counts what the run keeps under its selective (op) \
+checkpointing, the fp32 logits of the loss and their gradient (twice {logits:.1f} GiB for \
+{batch} x {seq:,} tokens x {llama.vocab:,} vocabulary) and FSDP2's buffers, and stays \
+below the measurement: the measurement is peak *reserved*, which adds the caching \
+allocator's reserve over what is allocated, the loss backward's third fp32 logits-sized \
+tensor, the optimizer's temporaries.
 - torchtitan {N8} -> {N128} GPUs changes only the sharded model state: the calculator \
 predicts a drop of {drops[0]:.1f} GiB, the measurements drop {drops[1]:.1f} GiB.
 - Lightning: activations are negligible ({LT['seq_len']} tokens: about {l_act} MiB by \

@@ -17,7 +17,9 @@ and answers that "FSDP2 should stay flat". It does not. FSDP2 shards every block
 block still adds its 1/N share of parameters, gradients and AdamW moments to every rank. Per
 block, DDP's **held state** (model state + DDP's buckets) grows by five times the block's
 parameter bytes (four of model state, one of buckets), FSDP2's by four times them divided by N.
-What FSDP2 adds that DDP does not, the one block it gathers at a time, does not grow with depth.
+What FSDP2 adds that DDP does not, its transient buffers (the root, kept gathered from forward to
+backward, and two blocks gathered during backward: the current one and the prefetched next one,
+with one block's gradients), does not grow with depth.
 
 This page measures it: the same model at three depths, DDP and FSDP2 at each N, each point in
 fresh ranks, the first training step in two phases (forward and backward; ``optimizer.step()``).
@@ -31,7 +33,8 @@ not ``N``; in the peak slightly less.
 # ----------------
 # The two wraps whose per-rank memory this page follows as blocks are added. DDP keeps every
 # block whole on every rank (plus its gradient buckets); ``fully_shard`` on each block and then on
-# the root keeps 1/N of every block per rank and gathers one block at a time.
+# the root keeps 1/N of every block per rank; during the step it gathers the root and, in backward,
+# the current block and the next one (prefetched), a fixed number at any depth.
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -335,8 +338,8 @@ fsdp2_step = dict(zip(NS, (row[1] for row in rows[len(NS):])))  # the recorded s
 print("\nAdding the gathered block to FSDP2's slope would overshoot: "
       + "; ".join(f"N={n}: DDP/N + b = {overshoot[n]:.3f} MiB/block against the "
                   f"measured {fsdp2_step[n]:.3f}" for n in NS)
-      + ". The block FSDP2 gathers is there once, at any depth: it sits in the "
-      "intercept, not in the slope.")
+      + ". The blocks FSDP2 gathers (two in backward, with the root) are there at any "
+      "depth: they sit in the intercept, not in the slope.")
 
 # %%
 # The picture

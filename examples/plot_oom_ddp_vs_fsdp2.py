@@ -7,7 +7,8 @@ FSDP2 fits where DDP runs out of memory
 
    DDP stops fitting when its held state (parameters, gradients, optimizer state and its gradient
    buckets: 4 P with SGD + momentum, P the fp32 parameter bytes) plus activations outgrows a rank's
-   memory; FSDP2 still fits while 3 P / N plus one gathered block does. Here DDP needs
+   memory; FSDP2 still fits while 3 P / N plus its transient buffers (the root and two blocks
+   gathered in backward, one block's gradients) does. Here DDP needs
    :claim:`oom.ddp.n2.need_vs_headroom <unit>` the memory each rank may use and fails, while
    FSDP2 on the same ranks trains under it with the same losses: choose FSDP2 then, DDP otherwise.
 
@@ -27,8 +28,10 @@ unexpectedly fits, or FSDP2 does not, the docs build fails and says which.
 # ----------------
 # The two wraps, in plain PyTorch. DDP keeps the whole model, its gradients, the optimizer state
 # and a second copy of the gradients (its buckets) on every rank. ``fully_shard`` on each block and
-# then on the root keeps 1/N of parameters, gradients and optimizer state per rank, plus the one
-# block it is gathering. ``zero_grad(set_to_none=True)`` (the default) frees the gradients between
+# then on the root keeps 1/N of parameters, gradients and optimizer state per rank, plus, during
+# the step, the root (gathered from forward to backward), the block it computes and the next one it
+# prefetches, and one block's unsharded gradients (:func:`guide.memory.fsdp2_buffer_bytes`).
+# ``zero_grad(set_to_none=True)`` (the default) frees the gradients between
 # steps, so the next forward's activations never sit beside them.
 import torch
 import torch.distributed as dist
@@ -62,7 +65,8 @@ def wrap(model: torch.nn.Module, strategy: str, device_type: str = "cpu") -> tor
 # start, read inside the ranks before they build the model
 # (:func:`guide.memory.data_segment_bytes`): each rank may grow by ``HEADROOM × P``. The headroom
 # sits between the two strategies' needs: DDP holds 4 P between steps (parameters, gradients,
-# momentum, and DDP's buckets); FSDP2 holds 3 P / N plus one gathered block.
+# momentum, and DDP's buckets); FSDP2 holds 3 P / N plus its transient buffers (the root and two
+# blocks gathered, one block's gradients).
 import dataclasses
 import math
 import re
@@ -273,7 +277,7 @@ for n, results in fsdp.items():
 # training (:func:`guide.memory.measure`, the buckets read from DDP's reducer); *measured peak* is
 # the highest resident memory during training above the rank's level before it built the model.
 # The prediction must equal the measurement to the byte; the peak adds what the prediction does not
-# count: activations, the block FSDP2 gathers and reduces, the optimizer's temporaries.
+# count: activations, the root and blocks FSDP2 gathers and reduces, the optimizer's temporaries.
 runs = {(Strategy.DDP, WORLD_SIZE): ddp_free,
         **{(Strategy.FSDP2, n): results for n, results in fsdp.items()}}
 headroom_mib = ledger.claim("oom.headroom", round(headroom / MiB), "MiB",
@@ -328,7 +332,8 @@ conclusion(
     + " and ".join(f"{held_of[Strategy.FSDP2, n]:.1f} MiB at N={n}" for n in FSDP_NS)
     + " and trains under the same budget with the same losses. Use DDP while its held state "
     "(4 P here) plus activations fits a GPU; past that, use FSDP2 with N large enough that "
-    "3 P / N plus one gathered block plus activations fits.")
+    "3 P / N plus its transient buffers (the root and two blocks gathered, one block's "
+    "gradients) plus activations fits.")
 
 # %%
 # The picture

@@ -5,13 +5,13 @@ Step time at scale, predicted
 .. admonition:: Verdict
    :class: tip
 
-   For Llama-3-70B on 8-GPU H100 nodes, use FSDP2 (or HSDP with a shard group of two nodes or
+   For Llama-3-70B on 8-GPU H100 nodes, use FSDP2 (or HSDP with a shard group of four nodes or
    more) with full activation checkpointing; these never fit:
    :claim:`step_time.llama-3-70b.never_fits`. At a 4M-token batch, switch from FSDP2 to HSDP
-   (shard 16) from :claim:`step_time.hsdp_shard16.beats_fsdp2_from <nodes>` on: at the largest
-   scale scanned its predicted communication is
-   :claim:`step_time.hsdp_shard16.comm_share.128_nodes` of compute, FSDP2's
-   :claim:`step_time.fsdp2.comm_share.128_nodes`.
+   (shard 32, the smallest group that holds the model with FSDP2's buffers) from
+   :claim:`step_time.hsdp_shard32.beats_fsdp2_from <nodes>` on: at the largest scale scanned its
+   predicted communication is :claim:`step_time.hsdp_shard32.comm_share.128_nodes` of compute,
+   FSDP2's :claim:`step_time.fsdp2.comm_share.128_nodes`.
 
 Nothing on this page is measured: every GPU number is **predicted** from cited link rates and
 labelled so.
@@ -73,8 +73,9 @@ from guide import checks, comm
 from guide.claims import Ledger
 from guide.comm import H100_NODE
 from guide.constants import CONSTANTS, cite
-from guide.memory import (GPU_MEMORY_CONSTANTS, GPU_TOTAL_MEMORY_GIB, PRESETS, GiB,
-                          activation_bytes, per_rank_state_bytes, unsharded_param_bytes)
+from guide.memory import (GPU_MEMORY_CONSTANTS, GPU_TOTAL_MEMORY_GIB, PRECISIONS, PRESETS, GiB,
+                          activation_bytes, fsdp2_buffer_bytes, unsharded_param_bytes)
+from guide.memory.fit import per_gpu
 from guide.plotting import style
 from guide.report import show, table
 from guide.sharding import Strategy
@@ -151,16 +152,16 @@ print(f"\nPricing every hop at one NIC's rate, as this site's earlier 'lower bou
 # %%
 # Does it fit? Llama-3-70B, per GPU
 # ---------------------------------
-# Each configuration's memory per GPU, with the site's memory model: model state for bf16 compute
-# with fp32 master weights and AdamW (DDP's gradient buckets counted where
-# DDP is underneath, :func:`guide.memory.per_rank_state_bytes`), plus what
-# ``reshard_after_forward=False`` keeps unsharded, plus the activations of one sequence:
-# without recomputation (:func:`guide.memory.activation_bytes`, Korthikanti et al.), or with full
-# activation checkpointing (``checkpointing="full"``), which keeps each block's input and, while a
-# block is recomputed in backward, that block's activations. HSDP holds
-# what FSDP2 holds at its shard-group size. FSDP2's transient all-gather and reduce-scatter buffers
-# are not in the model; the table prints what they take for this model (the root, kept unsharded,
-# plus two blocks gathered and one block's gradients), and marks rows whose headroom is smaller.
+# Each configuration's memory per GPU, with the site's memory model
+# (:func:`guide.memory.fit.per_gpu`, the calculator's): model state for bf16 compute with fp32
+# master weights and AdamW (DDP's gradient buckets where DDP is underneath), what
+# ``reshard_after_forward=False`` keeps unsharded, autocast's bf16 weight copies (DDP), FSDP2's
+# transient buffers (the root gathered from forward to backward with its gradients, two blocks
+# gathered in backward, one block's gradients and reduce-scatter input), and the activations of one
+# sequence with the logits and their gradient (:func:`guide.memory.activation_bytes`): without
+# recomputation, with torchtitan's selective (op) checkpointing, or with full checkpointing, which
+# keeps each block's input and, while a block is recomputed in backward, that block's activations.
+# HSDP holds what FSDP2 holds at its shard-group size. A configuration fits when all of it fits.
 ARCH = PRESETS["llama-3-70b"]
 SHAPES = ARCH.param_shapes()
 UNITS = ARCH.fsdp2_units()
@@ -169,32 +170,27 @@ PRECISION, OPTIMIZER = "bf16_mixed", "adamw"
 BF16, FP32 = MP.param_dtype, MP.reduce_dtype  # the policy above
 
 
-def fsdp2_buffer_bytes() -> int:
-    """FSDP2's transient buffers, not in the memory model: the root gathered (bf16, kept
-    until backward) with its bf16 gradients, two blocks gathered (current, prefetched),
-    one block's bf16 gradients and their fp32 reduce-scatter input."""
-    root, block = (sum(math.prod(s) for s in unit) for unit in UNITS[:2])
-    bf16, fp32 = BF16.itemsize, FP32.itemsize
-    return root * (bf16 + bf16) + block * (2 * bf16 + bf16 + fp32)
+ACT_BYTES = MP.param_dtype.itemsize  # activations in the compute dtype
+checks.expect("memory model", "dtypes", PRECISIONS[PRECISION].compute == ACT_BYTES
+              and PRECISIONS[PRECISION].grad == FP32.itemsize,
+              f"{PRECISION} is not the MP policy above.")
+ACS = (("fits", "none"), ("fits with selective AC", "selective"), ("fits with full AC", "full"))
 
 
-def state_bytes(strategy: Strategy, n: int) -> int:
-    """Model state per GPU, plus what ``reshard_after_forward=False`` keeps."""
-    held = per_rank_state_bytes(SHAPES, strategy, n, PRECISION, OPTIMIZER,
-                                ddp_buckets=True).total
-    if strategy is Strategy.FSDP2_NO_RESHARD:
-        held += unsharded_param_bytes(SHAPES, n, PRECISION)
-    return held
+def held_bytes(strategy: Strategy, n: int, seq: int, checkpointing: str) -> int:
+    """Everything one GPU holds at the step's peak (the calculator's total)."""
+    act = activation_bytes(ARCH, seq, 1, checkpointing=checkpointing,
+                           bytes_per_element=ACT_BYTES)
+    return per_gpu(ARCH, strategy.value, n, PRECISION, OPTIMIZER, activations=act,
+                   ddp_buckets=True).total
 
 
 def fit(strategy: Strategy, n: int, seq: int) -> tuple[str, float, bool]:
     """(verdict, headroom in bytes, whether it recomputes) for a ``seq``-token one."""
-    held = state_bytes(strategy, n)
-    for label, checkpointing in (("fits", "none"), ("fits with full AC", "full")):
-        act = activation_bytes(ARCH, seq, 1, checkpointing=checkpointing)
-        headroom = CAPACITY - held - act
+    for label, checkpointing in ACS:
+        headroom = CAPACITY - held_bytes(strategy, n, seq, checkpointing)
         if headroom >= 0:
-            return label, headroom, checkpointing == "full"
+            return label, headroom, checkpointing != "none"
     return "does not fit", headroom, True
 
 
@@ -208,21 +204,28 @@ ATTENTION_SHARE = ledger.claim(
     "step_time.llama-3-70b.attention_flops_share", round(
         1 - 6 * (ARCH.n_params - ARCH.vocab * ARCH.hidden) / flops_per_token(SEQ), 3),
     "of model FLOPs", seq_len=SEQ, counts="torchtitan get_num_flop_per_token")
-BUFFERS = fsdp2_buffer_bytes()
+BUFFERS = fsdp2_buffer_bytes(ARCH, "fsdp2", PRECISION)
+# The same count written out from the shapes and the MP policy: an independent check.
+root, block = (sum(math.prod(s) for s in unit) for unit in UNITS[:2])
+checks.expect_close("memory model", "FSDP2 buffers", BUFFERS,
+                    root * 2 * BF16.itemsize + block * (3 * BF16.itemsize + FP32.itemsize), 0,
+                    against="root + two blocks gathered, one block's grads, written out")
 PARAMS = ledger.claim("llama-3-70b.params", ARCH.n_params, "parameters")
 ACT = {ac: ledger.claim(
            f"llama-3-70b.activations_per_gpu.s{SEQ}"
-           + ("" if ac == "none" else ".full_ac"),
-           round(activation_bytes(ARCH, SEQ, 1, checkpointing=ac) / GiB, 1), "GiB",
-           seq_len=SEQ, micro_batch=1, checkpointing=ac)
-       for ac in ("none", "full")}
+           + {"none": "", "full": ".full_ac", "selective": ".selective_ac"}[ac],
+           round(activation_bytes(ARCH, SEQ, 1, checkpointing=ac,
+                                  bytes_per_element=ACT_BYTES) / GiB, 1), "GiB",
+           seq_len=SEQ, micro_batch=1, checkpointing=ac, norm="fused")
+       for ac in ("none", "selective", "full")}
 BUFFERS_GIB = ledger.claim("llama-3-70b.fsdp2.transient_buffers_per_gpu",
                            round(BUFFERS / GiB, 1), "GiB", precision=PRECISION,
                            counts="root + two blocks gathered, one block's gradients")
 print(f"{PARAMS / 1e9:.2f}e9 parameters; activations of one {SEQ:,}-token sequence: "
-      f"{ACT['none']:,.1f} GiB without recomputation, {ACT['full']:.1f} GiB with full "
-      "activation checkpointing; FSDP2's buffers (not in the model): "
-      f"{BUFFERS_GIB:.1f} GiB.\n")
+      f"{ACT['none']:,.1f} GiB without recomputation, {ACT['selective']:.1f} GiB with "
+      f"selective and {ACT['full']:.1f} GiB with full activation checkpointing (logits "
+      f"included); FSDP2's transient buffers: {BUFFERS_GIB:.1f} GiB, in every FSDP2 and "
+      "HSDP total below.\n")
 
 # %%
 # Step time estimates, one long sequence per GPU
@@ -237,8 +240,8 @@ print(f"{PARAMS / 1e9:.2f}e9 parameters; activations of one {SEQ:,}-token sequen
 # (:func:`guide.comm.compute_seconds`).
 # The step estimate assumes FSDP2's prefetching hides communication behind compute completely: it
 # is the larger of the two, a lower bound on the real step.
-NODES = (1, 2, 4, 16, 64)
-HSDP_SHARDS = (8, 16)
+NODES = (1, 2, 4, 8, 16, 64)
+HSDP_SHARDS = (16, 32)
 GROUPS = comm.fsdp2_unit_groups(UNITS)  # fully_shard's default: only the root kept
 NO_RESHARD = comm.fsdp2_unit_groups(UNITS, reshard_after_forward=False)
 
@@ -274,15 +277,14 @@ for config in CONFIGS:
             continue
         verdict, headroom, recompute = fit(strategy, shard or n, SEQ)
         row = {"configuration": config, "nodes": k, "GPUs": n, "memory": verdict,
-               "headroom GiB": headroom / GiB, "buffers fit": None, "comm s": None,
+               "headroom GiB": headroom / GiB, "comm s": None,
                "compute s": None, "step s": None, "comm/compute": None}
         if verdict != "does not fit":
             communication = comm_seconds(config, n)
             compute = comm.compute_seconds(ARCH.n_params, SEQ, PEAK_FLOPS, MFU,
                                            recompute, flops_per_token=flops_per_token(SEQ))
             priced[config, k] = (communication, compute)
-            row |= {"buffers fit": "yes" if headroom >= BUFFERS else "tight",
-                    "comm s": communication, "compute s": compute,
+            row |= {"comm s": communication, "compute s": compute,
                     "step s": max(communication, compute),
                     "comm/compute": communication / compute}
         rows.append(row)
@@ -303,11 +305,10 @@ never = [c for c in CONFIGS if all(r["memory"] == "does not fit"
                                    for r in rows if r["configuration"] == c)]
 # Each "never" has a reason that needs no search over N: what every GPU holds at any N
 # (HSDP: its shard group's FSDP2 state, with the activations of full checkpointing).
-full_ac, kept = (activation_bytes(ARCH, SEQ, 1, checkpointing="full"),
-                 unsharded_param_bytes(SHAPES, 1, PRECISION))
-at_any_n = {Strategy.DDP.label: state_bytes(Strategy.DDP, 1),
+kept = unsharded_param_bytes(SHAPES, 1, PRECISION)
+at_any_n = {Strategy.DDP.label: held_bytes(Strategy.DDP, 1, SEQ, "full"),
             Strategy.FSDP2_NO_RESHARD.label: kept,
-            **{f"HSDP, shard {s}": state_bytes(Strategy.FSDP2, s) + full_ac
+            **{f"HSDP, shard {s}": held_bytes(Strategy.FSDP2, s, SEQ, "full")
                for s in HSDP_SHARDS}}
 checks.expect("feasibility", RUN, all(at_any_n.get(c, 0) > CAPACITY for c in never),
               f"{never} never fit, but not all hold more than {CAPACITY / GiB:.1f} GiB "
@@ -347,16 +348,22 @@ print(f"\nNever fits: {never}. No sequence of {SEQ:,} tokens fits without "
 # step**, skipping it on the other micro-batches with ``set_requires_all_reduce(False)``
 # (:func:`guide.comm.hsdp_step`). Between nodes both move the same bytes per collective; FSDP2's
 # rings are longer (more ring steps, each with its latency) and it pays them on every micro-batch,
-# HSDP's all-reduce is paid once. The shard group must hold the model: two nodes or more for
-# Llama-3-70B on these GPUs (see above).
+# HSDP's all-reduce is paid once. The shard group must hold the model with FSDP2's buffers: the
+# scan keeps the groups of 16, 32 and 64 GPUs that do (printed below).
 BATCH_TOKENS = 2**22  # 4M tokens per optimizer step
 SEQ_SCAN = 4096
 SCAN_NODES = [2**i for i in range(1, 8) if G * 2**i * SEQ_SCAN <= BATCH_TOKENS]
-SCAN_SHARDS = (16, 32, 64)
-checks.expect("feasibility", "HSDP scan",
-              all(fit(Strategy.FSDP2, s, SEQ_SCAN)[0] != "does not fit" for s in
-                  SCAN_SHARDS),
-              "a shard group won't fit.")
+CANDIDATES = (16, 32, 64)
+SCAN_SHARDS = tuple(s for s in CANDIDATES if fit(Strategy.FSDP2, s, SEQ_SCAN)[0] != "does not fit")
+for s in CANDIDATES:
+    verdict, headroom, _ = fit(Strategy.FSDP2, s, SEQ_SCAN)
+    print(f"HSDP shard {s}, {SEQ_SCAN:,} tokens: {verdict}, headroom {headroom / GiB:.1f} GiB "
+          "(FSDP2's buffers included)")
+# The verdict at the top names the smallest shard group that holds the model: rewrite it if not.
+smallest = ledger.claim("step_time.hsdp.smallest_shard_group", SCAN_SHARDS[0], "GPUs",
+                        seq_len=SEQ_SCAN, model="llama-3-70b", precision=PRECISION)
+checks.expect("verdict", "HSDP scan", smallest == 32,
+              f"the smallest shard group that fits is {smallest}; the verdict says 32.")
 # With gradient sync skipped, FSDP2 accumulates the unsharded gradients in ``reduce_dtype``
 # (``MixedPrecisionPolicy``'s docstring; ``FSDPParam.to_accumulated_grad_if_needed``): fp32 here,
 # one fp32 element per parameter (checked against twice the bf16 unsharded parameters of the
@@ -395,8 +402,11 @@ def scan_seconds(config: str, k: int) -> tuple[float, float]:
 
 
 def share_of_compute(config: str, k: int) -> float | None:
-    """Communication over compute per step; ``None`` where HSDP has one replica."""
+    """Communication over compute per step; ``None`` where HSDP has one replica, or where the
+    configuration does not fit (FSDP2 on too few GPUs)."""
     if config.startswith("HSDP") and G * k <= int(config.split()[-1]):
+        return None
+    if config == FSDP2 and fit(Strategy.FSDP2, G * k, SEQ_SCAN)[0] == "does not fit":
         return None
     communication, compute = scan_seconds(config, k)
     return communication / compute
@@ -417,7 +427,7 @@ show(table([[k, G * k, BATCH_TOKENS // (G * k * SEQ_SCAN), scan_seconds(FSDP2, k
 def beats_from(config: str) -> int | None:
     """The smallest node count from which ``config``'s estimate stays below FSDP2's."""
     for i, k in enumerate(SCAN_NODES):
-        if all(h is not None and h < f
+        if all(h is not None and (f is None or h < f)
                for h, f in zip(share[config][i:], share[FSDP2][i:])):
             return k
     return None
@@ -447,7 +457,7 @@ last = {FSDP2: share_claim(FSDP2, share[FSDP2][-1])}
 last |= {c: share_claim(c, checks.expect_order(
     "HSDP scan", f"{SCAN_NODES[-1]} nodes", share[c][-1], share[FSDP2][-1],
     low_name=f"{c}'s share", high_name="FSDP2's share")) for c in SCAN_CONFIGS[1:]}
-bound = [k for k, r in zip(SCAN_NODES, share[FSDP2]) if r > 1]
+bound = [k for k, r in zip(SCAN_NODES, share[FSDP2]) if r is not None and r > 1]
 print("\nPredicted: "
       + "; ".join(f"{c} never beats FSDP2 in this scan" if k == "never" else
                   f"{c} beats FSDP2 from {k} nodes on" for c, k in wins.items())

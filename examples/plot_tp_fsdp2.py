@@ -430,9 +430,11 @@ print(f"clip_by_mesh: clipped gradients = one process's within "
 # -----------------------------------------------
 # Not measured: :func:`guide.comm.tp.tp_fsdp_estimate` for presets on ``GPUS`` GPUs,
 # sequences of ``EST_SEQ`` tokens (both in the table's title), one sequence per data-parallel
-# rank, 16-bit weights and activations, a fused attention kernel, no activation checkpointing
-# and no sequence parallelism (Korthikanti et al., Table 2: ``s*b*h*(10 + 24/t)`` bytes per
-# layer). With ``t`` GPUs of a node sharing one sequence,
+# rank, 16-bit weights and activations, a fused attention kernel and norm, no activation
+# checkpointing and no sequence parallelism: per layer the memory model's per-operation count, its
+# two norms whole on every TP rank, attention and MLP split ``t`` ways (the split of Korthikanti et
+# al.'s Table 2, applied to the calculator's count; the head's logits left out). With ``t`` GPUs
+# of a node sharing one sequence,
 # each GPU keeps less of that sequence's activations and gathers 1/t of each layer, and a global
 # batch of ``GPUS/t`` sequences is enough to use every GPU; the price is four activation
 # all-reduces per layer and step, which only NVLink carries fast enough.

@@ -43,7 +43,7 @@ DESKTOP = {"width": 1440, "height": 900}
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "_build" / "screenshots"
 #: Fields of each row compared, besides the configuration-wide ones.
 ROW_FIELDS = ("shard_group", "params", "unsharded", "grads", "optimizer", "buckets", "activations",
-              "total", "fits", "headroom")
+              "autocast", "buffers", "total", "fits", "headroom")
 
 #: A page that holds one calculator and, for the theme test, pydata-sphinx-theme's variables.
 HARNESS = """<!doctype html><html lang="en" data-theme="{theme}"><head><meta charset="utf-8">

@@ -15,7 +15,7 @@ import guide
 from guide import checks
 from guide.comm.tp import MeshLog, tp_fsdp2_step, tp_fsdp_estimate, tp_step
 from guide.memory import PRESETS
-from guide.memory.activations import korthikanti_layer_bytes
+from guide.memory.activations import block_bytes
 from guide.model import Block, ModelConfig
 from guide.tensor_parallel import (TPBlock, build_tp_model, expected_layout, plan_kinds,
                                    tp_local_shapes)
@@ -79,11 +79,16 @@ def test_tp_step_counts_one_all_reduce_per_split() -> None:
     assert {(c.kind, c.group_size) for c in step} == {("all_reduce", 2)}
 
 
-def test_estimate_matches_korthikanti_and_divides_the_layer() -> None:
+def test_estimate_is_the_memory_models_count_and_divides_the_layer() -> None:
     arch = PRESETS["llama-3-8b"]
     alone = tp_fsdp_estimate(arch, 64, 1, 4096)
-    assert alone.activation_bytes == arch.layers * korthikanti_layer_bytes(
-        4096, 1, arch.hidden, arch.heads, fused_attention=True)
+    t, h = 4096, arch.hidden
+    assert alone.activation_bytes == arch.layers * block_bytes(arch, 4096, 1, norm="fused",
+                                                               bytes_per_element=2)
+    # with TP 8 the two norms (input, output, rstd: 2 * (4h + 4) bytes per token) stay whole
+    whole = 2 * t * (4 * h + 4)
+    assert tp_fsdp_estimate(arch, 64, 8, 4096).activation_bytes == arch.layers * (
+        whole + (alone.activation_bytes // arch.layers - whole) // 8)
     assert alone.tp_all_reduce_bytes == 0 and alone.global_batch == 64
     tp8 = tp_fsdp_estimate(arch, 64, 8, 4096)
     assert tp8.gathered_layer_bytes * 8 == alone.gathered_layer_bytes

@@ -97,7 +97,8 @@
    "checked_configs": 320,
    "checkpointing": [
     "none",
-    "full"
+    "full",
+    "selective"
    ],
    "ddp_buckets": true,
    "default_shard_group": 8,
@@ -114,9 +115,9 @@
    "labels": {
     "ddp": "DDP",
     "fsdp2": "FSDP2",
-    "fsdp2_no_reshard": "ZeRO-2 (FSDP2, no reshard)",
+    "fsdp2_no_reshard": "FSDP2, reshard_after_forward=False",
     "hsdp": "HSDP",
-    "zero1": "ZeRO-1"
+    "zero1": "DDP + ZeroRedundancyOptimizer"
    },
    "optimizers": {
     "adamw": {
@@ -317,7 +318,7 @@
     "hsdp": "HSDP",
     "zero1": "ZeRO-1"
    },
-   "source_hash": "fbbb4c8c8f77",
+   "source_hash": "f6b4c75fc7ad",
    "strategies": [
     "ddp",
     "zero1",
@@ -344,7 +345,8 @@
   // DATA-END
 
   const B = (x) => BigInt(x);
-  const PARTS = ["params", "unsharded", "grads", "optimizer", "buckets", "activations"];
+  const PARTS = ["params", "unsharded", "grads", "optimizer", "buckets", "activations", "autocast",
+    "buffers"];
 
   // -- the model: a line-by-line port; every function is called through M so a test can patch one.
   const M = {};
@@ -459,14 +461,60 @@
     return padded * B(DATA.precisions[precision].compute);
   };
 
-  /** Korthikanti et al.'s Eq. 1 per layer, fused attention (no attention scores). */
-  M.korthikantiLayerBytes = (s, b, hidden) => B(s) * B(b) * B(hidden) * B(DATA.korthikanti.sbh);
+  const FP32 = 4n;  // statistics, SDPA's log-sum-exp and the loss's logits are fp32
+  const kvWidth = (a) => B((a.kv_heads || a.heads) * Math.floor(a.hidden / a.heads));
 
-  /** Activation bytes per GPU (guide.memory.activation_bytes, fused attention). */
-  M.activationBytes = function (arch, s, b, checkpointing) {
-    const layer = M.korthikantiLayerBytes(s, b, arch.hidden);
-    if (checkpointing === "none") return B(arch.layers) * layer;
-    return B(arch.layers) * B(s) * B(b) * B(arch.hidden) * B(DATA.korthikanti.bytes) + layer;
+  /** One normalization's saved bytes with its output (activations._norm_bytes), fused norm. */
+  M.normBytes = (a, t, e) => t * (2n * e * B(a.hidden) + FP32 * (a.layernorm ? 2n : 1n));
+
+  /** One block's saved bytes, operation by operation (activations.block_bytes: fused norm and
+   * fused attention). */
+  M.blockBytes = function (a, s, b, e) {
+    const t = B(s) * B(b), h = B(a.hidden), m = B(a.mlp);
+    const attention = t * e * (2n * h + 2n * kvWidth(a)) + t * B(a.heads) * FP32;
+    return 2n * M.normBytes(a, t, e) + attention + t * e * m * (a.gated_mlp ? 4n : 2n);
+  };
+
+  /** torchtitan's op-level selective checkpointing (activations.selective_layer_bytes). */
+  M.selectiveLayerBytes = function (a, s, b, e) {
+    const t = B(s) * B(b), h = B(a.hidden), m = B(a.mlp), kv = kvWidth(a);
+    const outs = [h, kv, kv, h, ...(a.gated_mlp ? [m, m, h] : [m, h])];
+    const kept = outs.filter((_, i) => i % 2 === 0).reduce((x, d) => x + t * e * d, 0n);
+    return t * e * h + kept + t * e * h + t * B(a.heads) * FP32;
+  };
+
+  /** The fp32 logits and their fp32 gradient (activations.logits_bytes). */
+  M.logitsBytes = (a, s, b) => 2n * FP32 * B(a.vocab) * B(s) * B(b);
+
+  /** Activation bytes per GPU (guide.memory.activation_bytes: fused norm and attention;
+   * `e` bytes per element, the precision's compute dtype). */
+  M.activationBytes = function (arch, s, b, checkpointing, e) {
+    e = B(e);
+    const layer = M.blockBytes(arch, s, b, e);
+    const blocks = checkpointing === "none" ? B(arch.layers) * layer
+      : checkpointing === "full" ? B(arch.layers) * B(s) * B(b) * B(arch.hidden) * e + layer
+        : B(arch.layers) * M.selectiveLayerBytes(arch, s, b, e) + layer;
+    return blocks + M.normBytes(arch, B(s) * B(b), e) + M.logitsBytes(arch, s, b);
+  };
+
+  /** autocast's saved weight copies (transient.autocast_weight_bytes). */
+  M.autocastWeightBytes = function (a, strategy, precision) {
+    const p = DATA.precisions[precision];
+    if ((strategy !== "ddp" && strategy !== "zero1") || p.compute >= p.param) return 0n;
+    const h = B(a.hidden), kv = kvWidth(a), m = B(a.mlp);
+    const block = 2n * h * h + 2n * kv * h + (a.gated_mlp ? 3n : 2n) * m * h;
+    return (B(a.layers) * block + B(a.vocab) * h) * B(p.compute);
+  };
+
+  /** FSDP2's transient buffers (transient.fsdp2_buffer_bytes): the root (embeddings, final norm,
+   * head: the shapes of a model with no layers) and one block. */
+  M.fsdp2BufferBytes = function (a, strategy, precision) {
+    if (!["fsdp2", "fsdp2_no_reshard", "hsdp"].includes(strategy)) return 0n;
+    const p = DATA.precisions[precision], c = B(p.compute), g = B(p.grad);
+    const size = (layers) => M.paramShapes({ ...a, layers }).reduce((x, s) => x + M.numel(s), 0n);
+    const root = size(0), block = size(1) - root;
+    const grads = root * c + block * (c + g);
+    return strategy === "fsdp2_no_reshard" ? grads : grads + root * c + 2n * block * c;
   };
 
   /** GPUs one HSDP shard group spans; null where the 2-D mesh cannot be built. */
@@ -487,7 +535,7 @@
 
   /** The fullest GPU's bytes of one layout on n GPUs (guide.memory.fit.per_gpu); `shapes` is a
    * list of shapes, or a BigInt parameter count. */
-  M.perGpu = function (shapes, strategy, n, precision, optimizer, activations, shardGroup) {
+  M.perGpu = function (shapes, strategy, n, precision, optimizer, activations, shardGroup, arch) {
     const group = strategy === "hsdp" ? M.hsdpShardSize(n, shardGroup)
       : strategy === "ddp" || strategy === "zero1" ? 1 : n;
     if (group === null) return null;
@@ -499,18 +547,22 @@
     const unsharded = strategy !== "fsdp2_no_reshard" ? 0n
       : count ? shapes * B(DATA.precisions[precision].compute)
         : M.unshardedParamBytes(shapes, n, precision);
+    const autocast = count ? 0n : M.autocastWeightBytes(arch, strategy, precision);
+    const buffers = count ? 0n : M.fsdp2BufferBytes(arch, strategy, precision);
     const split = { strategy, N: n, shard_group: group, params: sb.params, unsharded,
-      grads: sb.grads, optimizer: sb.optimizer, buckets: sb.buckets, activations };
+      grads: sb.grads, optimizer: sb.optimizer, buckets: sb.buckets, activations, autocast,
+      buffers };
     split.total = PARTS.reduce((a, p) => a + split[p], 0n);
     return split;
   };
 
   /** The smallest N of DATA.world_sizes that fits in `capacity` bytes, or null. */
   M.smallestWorldSize = function (shapes, strategy, capacity, precision, optimizer, activations,
-    shardGroup) {
+    shardGroup, arch) {
     for (const n of DATA.world_sizes) {
       if (strategy === "hsdp" && n > shardGroup && n % shardGroup) continue;
-      const split = M.perGpu(shapes, strategy, n, precision, optimizer, activations, shardGroup);
+      const split = M.perGpu(shapes, strategy, n, precision, optimizer, activations, shardGroup,
+        arch);
       if (split.total <= capacity) return n;
     }
     return null;
@@ -535,13 +587,14 @@
     const arch = counted ? null : M.architecture(cfg);
     const shapes = counted ? B(cfg.params) : M.paramShapes(arch);
     const activations = counted ? 0n
-      : M.activationBytes(arch, cfg.seq_len, cfg.micro_batch, cfg.checkpointing);
+      : M.activationBytes(arch, cfg.seq_len, cfg.micro_batch, cfg.checkpointing,
+        DATA.precisions[cfg.precision].compute);
     const capacity = M.capacityBytes(cfg);
     const rows = [], smallest = {};
     for (const key of cfg.strategies) {
       for (const n of cfg.world_sizes) {
         const split = M.perGpu(shapes, key, n, cfg.precision, cfg.optimizer, activations,
-          cfg.shard_group);
+          cfg.shard_group, arch);
         const row = { strategy: key, label: DATA.labels[key], N: n };
         if (split === null) {
           Object.assign(row, { shard_group: null, fits: null, headroom: null });
@@ -553,7 +606,7 @@
         rows.push(row);
       }
       smallest[key] = M.smallestWorldSize(shapes, key, capacity, cfg.precision, cfg.optimizer,
-        activations, cfg.shard_group);
+        activations, cfg.shard_group, arch);
     }
     const report = { parameters: counted ? shapes : shapes.reduce((a, s) => a + M.numel(s), 0n),
       activations, capacity,
@@ -780,12 +833,15 @@
   };
 
   const COLORS = { params: "#1f77b4", unsharded: "#9467bd", grads: "#ff7f0e",
-    optimizer: "#2ca02c", buckets: "#8c564b", activations: "#d62728" };
+    optimizer: "#2ca02c", buckets: "#8c564b", activations: "#d62728", autocast: "#e377c2",
+    buffers: "#7f7f7f" };
   const PART_HEADS = { params: "params", unsharded: "unsharded", grads: "grads",
-    optimizer: "optimizer", buckets: "DDP buckets", activations: "activations" };
+    optimizer: "optimizer", buckets: "DDP buckets", activations: "activations",
+    autocast: "autocast copies", buffers: "FSDP2 buffers" };
   const PART_LABELS = { params: "parameters", unsharded: "unsharded params (kept fwd→bwd)",
     grads: "gradients", optimizer: "optimizer state", buckets: "DDP buckets",
-    activations: "activations" };
+    activations: "activations (with logits)", autocast: "autocast bf16 weight copies",
+    buffers: "FSDP2 gathered blocks and gradient buffers" };
 
   const CSS = `
 .memory-widget{--mw-border:var(--pst-color-border,#ccc);--mw-fg:var(--pst-color-text-base,#222);
@@ -869,7 +925,8 @@
         .map(([k, p]) => [k, `${p.label} (${k})`]);
       case "optimizer": return Object.entries(DATA.optimizers).map(([k, o]) => [k, o.label]);
       case "checkpointing": return [["none", "none: keep all activations"],
-        ["full", "full: keep block inputs"]];
+        ["full", "full: keep block inputs"],
+        ["selective", "selective: torchtitan's op policy"]];
       case "gpu": return [...Object.keys(DATA.gpus).map((k) => [k, k]), ["custom", "other…"]];
       case "strategy": return [["all", "all five"], ...DATA.strategies.map((k) => [k,
         DATA.labels[k]])];

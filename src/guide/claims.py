@@ -78,7 +78,7 @@ ASSUMPTIONS = frozenset({
     "budget_mib", "cast_forward_inputs", "checkpointing", "checks", "counts", "date",
     "ddp_buckets", "depths", "device", "dp", "estimate", "formula", "global_batch", "gpu", "gpus",
     "hardware", "headroom_p", "integer_setting", "k", "load_bytes", "lora_rank", "max_norm",
-    "mfu", "micro_batch", "micro_batches", "model", "model_sources", "nodes", "optimizer",
+    "mfu", "micro_batch", "micro_batches", "model", "model_sources", "nodes", "norm", "optimizer",
     "output_dtype", "param_dtype", "params", "per_rank_micro_batch", "precision", "rank",
     "reduce_dtype", "replicas", "reshard_after_forward", "seq_len", "sequence_parallel", "shape",
     "shapes", "shards", "source", "step", "steps", "steps_counted", "steps_timed",

@@ -17,6 +17,7 @@ from conftest import EXAMPLES, run_python
 from guide import saved_tensors
 from guide.memory.activations import (
     activation_bytes,
+    block_bytes,
     checkpointed_layer_bytes,
     korthikanti_layer_bytes,
     llama_layer_bytes,
@@ -225,8 +226,9 @@ ARCH = Architecture(vocab=100, hidden=64, layers=2, heads=4, mlp=256, max_seq_le
     (lambda: korthikanti_layer_bytes(0, 1, 64, 4, fused_attention=True), "seq_len must be"),
     (lambda: checkpointed_layer_bytes(64, 8, 1, 0), "bytes_per_element must be"),
     (lambda: activation_bytes(ARCH, 129, 1), "longer than this model supports"),
-    (lambda: activation_bytes(ARCH, 8, 1, checkpointing="selective"),
-     "unknown activation checkpointing 'selective'; choose one of none, full"),
+    (lambda: activation_bytes(ARCH, 8, 1, checkpointing="offload"),
+     "unknown activation checkpointing 'offload'; choose one of none, full, selective"),
+    (lambda: activation_bytes(ARCH, 8, 1, norm="apex"), "unknown norm 'apex'"),
 ])
 def test_bad_input_is_a_value_error_naming_the_fix(call, match):
     with pytest.raises(ValueError, match=match):
@@ -236,9 +238,10 @@ def test_bad_input_is_a_value_error_naming_the_fix(call, match):
 def test_full_checkpointing_keeps_inputs_plus_one_layer():
     none = activation_bytes(ARCH, 128, 2)
     full = activation_bytes(ARCH, 128, 2, checkpointing="full")
-    layer = korthikanti_layer_bytes(128, 2, 64, 4, fused_attention=True)
-    assert none == 2 * layer
-    assert full == 2 * 128 * 2 * 64 * 2 + layer
+    layer = block_bytes(ARCH, 128, 2, norm="fused", bytes_per_element=2)
+    head = none - 2 * layer  # the final norm, the logits and their gradient
+    assert head == 128 * 2 * (2 * 2 * 64 + 4) + 8 * ARCH.vocab * 128 * 2
+    assert full == 2 * 128 * 2 * 64 * 2 + layer + head
 
 
 # -- the page's guard bites --------------------------------------------------------------------

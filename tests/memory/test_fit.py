@@ -33,7 +33,12 @@ def test_no_reshard_is_fsdp2_plus_the_unsharded_parameters():
         fsdp2 = per_gpu(ARCH, "fsdp2", n, "bf16_mixed", "adamw", **KW)
         zero2 = per_gpu(ARCH, "fsdp2_no_reshard", n, "bf16_mixed", "adamw", **KW)
         assert zero2.unsharded == unsharded_param_bytes(ARCH.param_shapes(), n, "bf16_mixed")
-        assert zero2.total == fsdp2.total + zero2.unsharded and fsdp2.unsharded == 0
+        # it keeps every block gathered, so of FSDP2's buffers only the gradient ones remain:
+        # the two gathered blocks and the root's gathered copy are in `unsharded`
+        root, block = (sum(math.prod(s) for s in u) for u in ARCH.fsdp2_units()[:2])
+        assert fsdp2.buffers - zero2.buffers == (root + 2 * block) * 2
+        assert zero2.total == fsdp2.total - fsdp2.buffers + zero2.buffers + zero2.unsharded
+        assert fsdp2.unsharded == 0
 
 
 def test_hsdp_holds_what_fsdp2_holds_on_its_shard_group():
@@ -43,7 +48,9 @@ def test_hsdp_holds_what_fsdp2_holds_on_its_shard_group():
                                   "adamw", ddp_buckets=True)
         assert (split.params, split.grads, split.optimizer, split.buckets) == \
             (sb.params, sb.grads, sb.optimizer, 0)
-        assert split.shard_group == min(n, g) and split.total == sb.total + 123
+        assert split.buffers == per_gpu(ARCH, "fsdp2", n, "bf16_mixed", "adamw", **KW).buffers
+        assert split.shard_group == min(n, g)
+        assert split.total == sb.total + 123 + split.buffers
 
 
 def test_hsdp_refuses_a_mesh_that_does_not_exist():
@@ -71,7 +78,7 @@ def test_smallest_world_size_is_the_first_that_fits():
                            activations=act, ddp_buckets=True).total <= cap]
         assert got == (fits[0] if fits else None), key
     assert smallest_world_size(PRESETS["llama-3-70b"], "fsdp2", cap, "bf16_mixed", "adamw",
-                               activations=act, ddp_buckets=True) == 16
+                               activations=act, ddp_buckets=True) == 32
 
 
 def test_capacity_from_a_preset_or_gib():

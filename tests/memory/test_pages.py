@@ -25,7 +25,7 @@ def test_model_state_page_fails_when_fsdp2_root_is_not_sharded(tmp_path):
     N=2, fp32 AdamW only: the page must fail naming the check, the strategy, N, the rank and the
     part that differs from the prediction."""
     faulty = _inject(MODEL_STATE_PAGE, [
-        ("else (1, 2, 4))\n", "else (2,))\n"),
+        ("else (1, 2, 4)\n", "else (2,)\n"),
         ('RUNS = (("fp32", "adamw"), ', 'RUNS = (("fp32", "adamw"),)  # '),
         # the root's call left out of the page's plain shard_fsdp2
         ("    fully_shard(model, mesh=mesh, **options)\n", ""),

@@ -21,7 +21,8 @@ from guide.memory import (
     unsharded_param_bytes,
     zero1_partition,
 )
-from guide.memory import predicted
+from guide.memory import fsdp2_buffer_bytes, predicted
+from guide.memory.fit import per_gpu
 from guide.sharding import Strategy
 from guide.optimizers import OPTIMIZERS
 
@@ -182,14 +183,17 @@ def test_min_world_size_is_the_first_n_that_fits():
     cap = 80 * GiB
     n = min_world_size(arch, "fsdp2", cap, "bf16_mixed", "adamw", ddp_buckets=True, seq_len=None)
     held = {m: per_rank_state_bytes(shapes, "fsdp2", m, "bf16_mixed", "adamw",
-                                    ddp_buckets=True).total for m in (n // 2, n)}
+                                    ddp_buckets=True).total + fsdp2_buffer_bytes(arch, "fsdp2",
+                                                                                 "bf16_mixed")
+            for m in (n // 2, n)}
     assert held[n] <= cap < held[n // 2]
     # activations are added on top, so the minimum can only grow
     with_act = min_world_size(arch, "fsdp2", cap, "bf16_mixed", "adamw", ddp_buckets=True,
                               seq_len=1024)
     assert with_act >= n
     assert per_rank_state_bytes(shapes, "fsdp2", with_act, "bf16_mixed", "adamw",
-                                ddp_buckets=True).total + activation_bytes(arch, 1024, 1) <= cap
+                                ddp_buckets=True).total + activation_bytes(arch, 1024, 1) \
+        + fsdp2_buffer_bytes(arch, "fsdp2", "bf16_mixed") <= cap
     # DDP never shrinks with N: no world fits
     assert min_world_size(arch, "ddp", cap, "bf16_mixed", "adamw", ddp_buckets=True,
                           seq_len=None) is None
@@ -372,9 +376,10 @@ def test_count_model_shards_what_the_zero_stage_shards(strategy, params, grads, 
 # -- the smallest world that fits: its edge and its assumptions ------------------------------------
 
 
-def _fsdp2_total(arch, n):
-    return per_rank_state_bytes(arch.param_shapes(), "fsdp2", n, "bf16_mixed", "adamw",
-                                ddp_buckets=True).total
+def _fsdp2_total(arch, n: int) -> int:
+    """FSDP2's bytes per GPU at N without activations: model state and its transient buffers."""
+    return per_gpu(arch, "fsdp2", n, "bf16_mixed", "adamw", activations=0,
+                   ddp_buckets=True).total
 
 
 def test_min_world_size_accepts_an_exact_fit():

@@ -32,7 +32,7 @@ from guide.memory.inputs import (
     parse_int,
     unknown,
 )
-from guide.training import OPTIMIZERS
+from guide.optimizers import OPTIMIZERS
 
 HARNESS = Path(__file__).with_name("widget_node.js")
 GiB = 2**30

@@ -13,7 +13,9 @@ one step, and an estimate of when the second dimension pays.
   ``tokens x features`` elements each) in the tp group, and FSDP2's all-gathers and
   reduce-scatters of the TP-local shards in the dp group (:func:`guide.comm.fsdp2_step`).
 * :func:`tp_fsdp_estimate` -- **estimated**: per-GPU activation memory and all-gather sizes of a
-  preset with TP degree ``t`` inside a node against FSDP alone, from Korthikanti et al.'s formulas.
+  preset with TP degree ``t`` inside a node against FSDP alone, from the memory model's
+  per-operation block count (:func:`guide.memory.activations.block_bytes`) split as Megatron's
+  tensor parallelism splits it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 from guide.comm.expected import Collective, collective, fsdp2_step, fsdp2_unit_groups
-from guide.memory.activations import KORTHIKANTI_SBH
+from guide.memory.activations import block_bytes, block_norm_bytes
 from guide.memory.architectures import Architecture
 from guide.sharding import fsdp2_units
 from guide.validate import positive_int
@@ -42,7 +44,8 @@ __all__ = ["KORTHIKANTI_TP_SBH", "MeshLog", "TPEstimate", "tp_fsdp2_step", "tp_f
 #: Korthikanti et al., arXiv 2205.05198, Table 2 ("tensor parallel (baseline)"): per layer a rank
 #: of a TP group of ``t`` keeps ``s*b*h*(10 + 24/t)`` bytes (16-bit, attention scores left out as
 #: with a fused kernel): the 10 are the LayerNorm inputs, dropout masks and the block inputs every
-#: TP rank holds whole; with sequence parallelism all 34 are divided by ``t``.
+#: TP rank holds whole; with sequence parallelism all 34 are divided by ``t``. Kept for
+#: comparison: :func:`tp_fsdp_estimate` splits the memory model's own count the same way.
 KORTHIKANTI_TP_SBH = (10, 24)
 
 # name -> (kind, "c10d" | "funcol"): the entry points a TP + FSDP2 step calls (torch 2.13)
@@ -205,9 +208,12 @@ def tp_fsdp_estimate(arch: Architecture, gpus: int, tp: int, seq_len: int, micro
     """Estimate (no measurement): what TP of degree ``tp`` inside a node changes per GPU.
 
     Assumptions: 16-bit activations and parameters (``param_bytes``), a fused attention kernel
-    (no ``s x s`` scores), no activation checkpointing, Korthikanti's per-layer activation model
-    (:data:`KORTHIKANTI_TP_SBH`; with ``sequence_parallel`` all 34 ``s*b*h`` terms divide by
-    ``tp``), Megatron's 4 activation all-reduces per layer and step (2 forward, 2 backward, with a
+    (no ``s x s`` scores) and a fused norm, no activation checkpointing; per layer the memory
+    model's count (:func:`guide.memory.activations.block_bytes`), of which the two norms' part
+    (:func:`~guide.memory.activations.block_norm_bytes`) stays whole on every TP rank and the
+    attention and MLP part divides by ``tp`` (with ``sequence_parallel`` all of it divides);
+    the blocks only (the head's logits, split too under loss parallelism, are left out).
+    Megatron's 4 activation all-reduces per layer and step (2 forward, 2 backward, with a
     fused qkv), and every GPU of a TP group inside one node (``tp <= gpus_per_node``)."""
     for name, value in (("gpus", gpus), ("tp", tp), ("seq_len", seq_len),
                         ("micro_batch", micro_batch), ("param_bytes", param_bytes)):
@@ -219,9 +225,10 @@ def tp_fsdp_estimate(arch: Architecture, gpus: int, tp: int, seq_len: int, micro
     if arch.heads % tp or kv % tp:
         raise ValueError(f"tp={tp} must divide the {arch.heads} heads and {kv} kv heads.")
     sbh = arch.check_seq_len(seq_len) * micro_batch * arch.hidden
-    whole, split = KORTHIKANTI_TP_SBH
-    per_layer = (sbh * KORTHIKANTI_SBH // tp if sequence_parallel or tp == 1
-                 else sbh * whole + sbh * split // tp)
+    layer = block_bytes(arch, seq_len, micro_batch, norm="fused", bytes_per_element=2)
+    whole = block_norm_bytes(arch, seq_len, micro_batch, norm="fused", bytes_per_element=2)
+    per_layer = (layer // tp if sequence_parallel or tp == 1
+                 else whole + (layer - whole) // tp)
     layer_params = sum(int(torch.Size(s).numel()) for s in arch.fsdp2_units()[1])
     return TPEstimate(tp=tp, dp=gpus // tp, global_batch=micro_batch * gpus // tp,
                       activation_bytes=per_layer * arch.layers,

@@ -1,9 +1,14 @@
 """Memory per rank, predicted and measured.
 
 * :mod:`guide.memory.predicted` -- **predicted** bytes per rank from parameter shapes (the ZeRO
-  model: DDP, ZeRO-1, ZeRO-2, FSDP2) and the smallest world that fits.
-* :mod:`guide.memory.activations` -- **predicted** activation bytes (TinyLM exactly; Korthikanti's
-  estimate for the presets).
+  model: DDP, torch's ZeRO-1 (ZeroRedundancyOptimizer), the paper's ZeRO-2, FSDP2).
+* :mod:`guide.memory.activations` -- **predicted** activation bytes, operation by operation
+  (GPT- and Llama-style blocks, the logits and their gradient; Korthikanti's Eq. 1 for comparison).
+* :mod:`guide.memory.transient` -- **predicted** bytes held only during the step: autocast's
+  weight copies, FSDP2's gathered parameters and gradient buffers.
+* :mod:`guide.memory.fit` -- all of it per GPU, per layout, against a GPU's memory, and the
+  smallest world that fits (:func:`~guide.memory.min_world_size`).
+* :mod:`guide.memory.published` -- the model against published GPU peaks, with its tolerance.
 * :mod:`guide.memory.measured` -- **measured** bytes a live rank holds between steps (tensor storage,
   DDP's reducer buckets).
 * :mod:`guide.memory.peak` -- **measured** peak of a rank's process during a step.
@@ -33,19 +38,21 @@ from guide.memory.predicted import (
     PRECISIONS,
     WORLD_SIZES,
     Precision,
-    min_world_size,
     per_rank_state_bytes,
     state_bytes_by_rank,
     state_bytes_for_count,
     unsharded_param_bytes,
     zero1_partition,
 )
+from guide.memory.fit import min_world_size
 from guide.memory.state import GB, StateBytes, GiB
+from guide.memory.transient import autocast_weight_bytes, fsdp2_buffer_bytes
 
 __all__ = [
     "GB", "GPU_MEMORY_CONSTANTS", "GPU_TOTAL_MEMORY_GIB", "GiB", "MMAP_THRESHOLD", "PRECISIONS",
     "PRESETS", "RESOLUTION_BYTES", "WORLD_SIZES",
-    "Architecture", "PeakMemory", "Precision", "StateBytes", "activation_bytes", "current_bytes",
+    "Architecture", "PeakMemory", "Precision", "StateBytes", "activation_bytes",
+    "autocast_weight_bytes", "current_bytes", "fsdp2_buffer_bytes",
     "data_segment_bytes", "is_prepared", "measure", "min_world_size", "param_shapes",
     "per_rank_state_bytes", "prepare", "reducer_bucket_bytes", "release_freed_heap",
     "state_bytes_by_rank", "state_bytes_for_count", "storage_bytes", "unsharded_param_bytes", "zero1_partition",

@@ -39,13 +39,21 @@ from guide.memory.architectures import Architecture
 from guide.model import ModelConfig
 from guide.validate import positive_int
 
-__all__ = ["CHECKPOINTING", "KORTHIKANTI_BYTES", "KORTHIKANTI_SBH", "KORTHIKANTI_SCORES", "Term",
-           "activation_bytes", "checkpointed_layer_bytes", "korthikanti_layer_bytes",
-           "llama_layer_bytes", "tinylm_layer_bytes", "tinylm_terms"]
+__all__ = ["CHECKPOINTING", "KORTHIKANTI_BYTES", "KORTHIKANTI_SBH", "KORTHIKANTI_SCORES", "NORMS",
+           "Term", "activation_bytes", "block_bytes", "block_norm_bytes", "checkpointed_layer_bytes",
+           "korthikanti_layer_bytes", "llama_layer_bytes", "logits_bytes", "selective_layer_bytes",
+           "tinylm_layer_bytes", "tinylm_terms"]
 
 #: Activation-checkpointing policies the calculator prices: ``"none"`` keeps every activation,
-#: ``"full"`` keeps each block's input and recomputes the rest in backward.
-CHECKPOINTING = ("none", "full")
+#: ``"full"`` keeps each block's input and recomputes the rest in backward, ``"selective"`` is
+#: torchtitan's op-level policy (each block keeps its input, the output of every second matmul
+#: and SDPA's outputs; the rest is recomputed).
+CHECKPOINTING = ("none", "full", "selective")
+#: How a block's normalization saves for backward: ``"fused"`` (one kernel: its input and an fp32
+#: statistic per token, e.g. ``torch.nn.functional.layer_norm`` or a fused RMSNorm), or
+#: ``"composite"`` (RMSNorm written in torch ops, as torch's ``nn.RMSNorm`` and Hugging Face's
+#: ``LlamaRMSNorm`` run: an fp32 copy of the input and the fp32 normalized tensor are kept too).
+NORMS = ("fused", "composite")
 
 #: Bytes per activation element in Korthikanti's model (16-bit activations).
 KORTHIKANTI_BYTES = 2
@@ -164,23 +172,114 @@ def korthikanti_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: 
             + (0 if fused_attention else KORTHIKANTI_SCORES * heads * s * s * b))
 
 
-def activation_bytes(arch: Architecture, seq_len: int, micro_batch: int, *,
-                     fused_attention: bool = True, checkpointing: str = "none") -> int:
-    """Predicted activation bytes per rank for ``arch`` (an estimate: Korthikanti's Eq. 1).
+def _norm_bytes(arch: Architecture, tokens: int, e: int, norm: str) -> int:
+    """What one normalization keeps, its output included (the next linears save that tensor):
+    fused, its ``e``-byte input and output plus an fp32 statistic per token (RMSNorm: ``rstd``;
+    LayerNorm: mean and ``rstd``); composite RMSNorm, the fp32 input, the fp32 normalized tensor,
+    ``rstd`` and the ``e``-byte output (the activation page measures ``10sbh + 4sb`` in bf16)."""
+    if norm not in NORMS:
+        raise ValueError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}.")
+    h = arch.hidden
+    if norm == "composite":
+        if arch.layernorm:
+            raise ValueError("norm='composite' is RMSNorm written in torch ops; nn.LayerNorm is "
+                             "one fused kernel: use norm='fused'.")
+        return tokens * (2 * _FP32 * h + _FP32 + e * h)
+    return tokens * (2 * e * h + _FP32 * (2 if arch.layernorm else 1))
 
-    ``checkpointing="none"``: every layer keeps its activations (``layers`` x
-    :func:`korthikanti_layer_bytes`). ``"full"``: every layer keeps its 16-bit input
-    (:func:`checkpointed_layer_bytes`), plus one layer's full activations, rebuilt during its
-    backward. Data parallelism does not shard activations: each rank holds those of its own
-    micro-batch. A ``seq_len`` beyond the model's ``max_seq_len`` is refused.
+
+def _matmul_outputs(arch: Architecture, tokens: int, e: int) -> list[int]:
+    """Bytes of each linear's output in one block, in the order the forward runs them: q, k, v,
+    the output projection, then the MLP (gated: gate, up, down; else fc1, fc2)."""
+    h, m = arch.hidden, arch.mlp
+    kv = (arch.kv_heads or arch.heads) * (h // arch.heads)
+    mlp = [m, m, h] if arch.gated_mlp else [m, h]
+    return [tokens * e * d for d in (h, kv, kv, h, *mlp)]
+
+
+def block_bytes(arch: Architecture, seq_len: int, micro_batch: int, *, norm: str,
+                bytes_per_element: int, fused_attention: bool = True) -> int:
+    """Bytes one block of ``arch`` saves for backward, operation by operation, with
+    ``bytes_per_element``-byte activations (2 under bf16 compute, 4 in fp32).
+
+    Two normalizations (:data:`NORMS`); attention keeps ``q``, ``k``, ``v`` and its output, and
+    with a fused kernel (SDPA's flash or memory-efficient) an fp32 log-sum-exp per query and head,
+    else the ``s x s`` probabilities and the causal mask; the MLP keeps, gated (SwiGLU), its gate
+    and up projections, ``silu(gate)`` and their product, else its activation's input and output.
+    The activation page measures this count: ``norm="composite"`` in bf16 for a Llama block
+    (:func:`llama_layer_bytes`), ``norm="fused"`` in fp32 for TinyLM's GPT block
+    (:func:`tinylm_layer_bytes`, both attention kinds), to the byte.
+    """
+    s, b = _sizes(seq_len, micro_batch)
+    e = positive_int("bytes_per_element", bytes_per_element, "bytes per activation element")
+    t, h, a, m = s * b, arch.hidden, arch.heads, arch.mlp
+    kv = (arch.kv_heads or a) * (h // a)
+    attention = t * e * (2 * h + 2 * kv) + (t * a * _FP32 if fused_attention
+                                            else a * s * s * b * e + s * s)
+    mlp = t * e * m * (4 if arch.gated_mlp else 2)
+    return 2 * _norm_bytes(arch, t, e, norm) + attention + mlp
+
+
+def block_norm_bytes(arch: Architecture, seq_len: int, micro_batch: int, *, norm: str,
+                     bytes_per_element: int) -> int:
+    """The part of :func:`block_bytes` its two normalizations keep (their inputs, statistics and
+    outputs): what every rank of a tensor-parallel group holds whole without sequence
+    parallelism; the rest of the block (attention, MLP) splits over the group."""
+    s, b = _sizes(seq_len, micro_batch)
+    e = positive_int("bytes_per_element", bytes_per_element, "bytes per activation element")
+    return 2 * _norm_bytes(arch, s * b, e, norm)
+
+
+def selective_layer_bytes(arch: Architecture, seq_len: int, micro_batch: int, *,
+                          bytes_per_element: int) -> int:
+    """Bytes one block keeps under torchtitan's op-level selective checkpointing: its input,
+    the outputs of the 1st, 3rd, 5th, ... matmul of the block (the policy saves ``aten.mm``
+    outputs except every second one), and SDPA's output and fp32 log-sum-exp; everything else
+    is recomputed in backward. Llama: q, v, the gate and the down projection are kept."""
+    s, b = _sizes(seq_len, micro_batch)
+    e = positive_int("bytes_per_element", bytes_per_element, "bytes per activation element")
+    t = s * b
+    kept_matmuls = sum(_matmul_outputs(arch, t, e)[::2])
+    return t * e * arch.hidden + kept_matmuls + t * e * arch.hidden + t * arch.heads * _FP32
+
+
+def logits_bytes(arch: Architecture, seq_len: int, micro_batch: int) -> int:
+    """The loss's fp32 logits and their fp32 gradient: ``2 * 4 * vocab`` bytes per token.
+    ``cross_entropy(logits.float())`` keeps the fp32 log-probabilities for backward, and its
+    backward makes an fp32 gradient of the same size before the bf16 one (a compiled or chunked
+    loss keeps less: not modelled)."""
+    s, b = _sizes(seq_len, micro_batch)
+    return 2 * _FP32 * arch.vocab * s * b
+
+
+def activation_bytes(arch: Architecture, seq_len: int, micro_batch: int, *,
+                     checkpointing: str = "none", norm: str = "fused",
+                     bytes_per_element: int = 2, fused_attention: bool = True) -> int:
+    """Predicted activation bytes per rank for ``arch``: what the forward keeps for backward at
+    the start of backward, its peak.
+
+    The blocks (``checkpointing``, :data:`CHECKPOINTING`): ``"none"``, every block's
+    :func:`block_bytes`; ``"full"``, every block's input plus one block's full activations,
+    rebuilt during its backward; ``"selective"``, every block's :func:`selective_layer_bytes`
+    plus one block rebuilt. Then the head: the final normalization and :func:`logits_bytes`.
+    ``norm``: :data:`NORMS` (``"fused"`` by default, what a GPU run should use);
+    ``bytes_per_element``: the compute dtype's size (2 for bf16). Data parallelism does not shard
+    activations: each rank holds those of its own micro-batch. A ``seq_len`` beyond the model's
+    ``max_seq_len`` is refused.
     """
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"unknown activation checkpointing {checkpointing!r}; choose one of "
                          f"{', '.join(CHECKPOINTING)}.")
     s = arch.check_seq_len(seq_len)
-    layer = korthikanti_layer_bytes(s, micro_batch, arch.hidden, arch.heads,
-                                    fused_attention=fused_attention)
+    e = positive_int("bytes_per_element", bytes_per_element, "bytes per activation element")
+    layer = block_bytes(arch, s, micro_batch, norm=norm, bytes_per_element=e,
+                        fused_attention=fused_attention)
     if checkpointing == "none":
-        return arch.layers * layer
-    return (arch.layers * checkpointed_layer_bytes(arch.hidden, s, micro_batch, KORTHIKANTI_BYTES)
-            + layer)
+        blocks = arch.layers * layer
+    elif checkpointing == "full":
+        blocks = arch.layers * checkpointed_layer_bytes(arch.hidden, s, micro_batch, e) + layer
+    else:
+        blocks = arch.layers * selective_layer_bytes(arch, s, micro_batch,
+                                                     bytes_per_element=e) + layer
+    head = _norm_bytes(arch, s * micro_batch, e, norm) + logits_bytes(arch, s, micro_batch)
+    return blocks + head

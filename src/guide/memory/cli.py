@@ -2,9 +2,10 @@
 
 ``guide-memory --preset llama-3-8b -N 1 8 64 --seq-len 8192 --activation-checkpointing full``
 (or ``python -m guide.memory ...``). Every number comes from :mod:`guide.memory.predicted` (model
-state) and :mod:`guide.memory.activations` (activations: Korthikanti's estimate, and with
-``--activation-checkpointing full`` the block inputs the activation-memory example measures, plus
-one block recomputed during its backward).
+state), :mod:`guide.memory.activations` (activations, operation by operation, with the logits and
+their gradient; ``--activation-checkpointing full`` or ``selective`` keeps less, plus one block
+recomputed during its backward) and :mod:`guide.memory.transient` (autocast's weight copies, FSDP2's
+buffers).
 
 Output: a table whose every value carries its own unit (B, KiB, MiB, GiB, TiB, chosen per value),
 or one unit for all (``--unit GiB``), or ``--json`` for scripts (every field of the table, bytes as
@@ -59,7 +60,8 @@ FIT_LABELS_SHORT = {"fsdp2_no_reshard": "ZeRO-2", "zero2": "ZeRO-2 (paper)", "dd
                     "zero1": "ZeRO-1", "fsdp2": "FSDP2", "hsdp": "HSDP"}
 
 _LORA = ("params", "grads", "optimizer", "total")
-_PARTS = ("params", "unsharded", "grads", "optimizer", "buckets", "activations", "total")
+_PARTS = ("params", "unsharded", "grads", "optimizer", "buckets", "activations", "autocast",
+          "buffers", "total")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,10 +109,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", help="add activation memory for this sequence length")
     p.add_argument("--micro-batch", default="1", help="sequences per rank (default 1)")
     p.add_argument("--unfused-attention", action="store_true",
-                   help="keep the 5as/h attention-score term of Korthikanti's formula")
-    p.add_argument("--activation-checkpointing", default="none", metavar="{none,full}",
+                   help="attention keeps its s x s probabilities (no fused kernel)")
+    p.add_argument("--activation-checkpointing", default="none",
+                   metavar="{" + ",".join(CHECKPOINTING) + "}",
                    help="none (default): every layer keeps its activations; full: each block "
-                        "keeps its input and one block at a time is recomputed in backward")
+                        "keeps its input and one block at a time is recomputed in backward; "
+                        "selective: torchtitan's op policy (every second matmul kept)")
     p.add_argument("--bucket-view", action="store_true",
                    help="DDP with gradient_as_bucket_view=True: no separate gradient buckets")
     p.add_argument("--unit", default="auto",
@@ -182,7 +186,8 @@ def _activations(args: argparse.Namespace, arch: Architecture | None) -> int:
                   "--seq-len")
     return activation_bytes(arch, args.seq_len, args.micro_batch,
                             fused_attention=not args.unfused_attention,
-                            checkpointing=args.activation_checkpointing)
+                            checkpointing=args.activation_checkpointing,
+                            bytes_per_element=PRECISIONS[args.precision].compute)
 
 
 def _strategies(args: argparse.Namespace) -> list[str]:
@@ -238,7 +243,8 @@ def _report(args: argparse.Namespace, n_params: int) -> dict:
             "seq_len": args.seq_len, "micro_batch": args.micro_batch,
             "attention": "unfused" if args.unfused_attention else "fused",
             "checkpointing": args.activation_checkpointing,
-            "formula": "Korthikanti et al., arXiv 2205.05198, Eq. 1 (16-bit activations)"},
+            "norm": "fused",
+            "formula": "per-operation count (guide.memory.activations), logits included"},
     }
 
 
@@ -265,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                   args.precision),
                       OPTIMIZERS[args.optimizer].label, report["activations"]))
     parts = [c for c in _PARTS if (act or c != "activations")
-             and (c != "unsharded" or any(r["unsharded"] for r in rows))]
+             and (c not in ("unsharded", "autocast", "buffers") or any(r[c] for r in rows))]
     verdict = ["fits", "headroom"] if "capacity" in fit else []
     cells = [{"strategy": r["label"], "N": r["N"],
               **{c: "n/a" if r[c] is None else format_bytes(r[c], args.unit) for c in parts},

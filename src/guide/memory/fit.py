@@ -2,34 +2,42 @@
 
 What a reader asks the calculator: for a model, a precision, an optimizer and a micro-batch, how
 many bytes does each GPU hold under each strategy, split into parameters, gradients, optimizer
-state, DDP's buckets and activations; does that fit a GPU; and what is the smallest number of GPUs
-that fits. Every number is :mod:`guide.memory.predicted`'s (model state, to the byte of tensor
-storage) plus :func:`guide.memory.activation_bytes` (Korthikanti's estimate). The browser widget
+state, DDP's buckets, activations and the step's transient buffers; does that fit a GPU; and what
+is the smallest number of GPUs that fits. Every number is :mod:`guide.memory.predicted`'s (model
+state, to the byte of tensor storage) plus :func:`guide.memory.activation_bytes` (the per-operation
+count of the blocks, the logits and their gradient) plus :mod:`guide.memory.transient`'s autocast
+weight copies (DDP, ZeRO-1) and FSDP2 buffers (root and two blocks gathered, one block's gradient
+buffers). The browser widget
 (``docs/_static/memory_widget.js``) is a port of this module, checked against it number by number.
 
 The layouts (:data:`FIT_STRATEGIES`), on ``N`` GPUs:
 
 * ``ddp``: every GPU holds everything, plus DDP's gradient buckets (``ddp_buckets``).
-* ``zero1``: DDP + ``ZeroRedundancyOptimizer``: the optimizer state split by whole parameter.
-* ``fsdp2_no_reshard`` (labelled *ZeRO-2*): ``fully_shard(..., reshard_after_forward=False)``.
+* ``zero1`` (labelled *DDP + ZeroRedundancyOptimizer*): torch's
+  ``ZeroRedundancyOptimizer`` over DDP, under autocast: the optimizer state split by whole
+  parameter, parameters, gradients and DDP's buckets replicated. The ZeRO paper's stage 1 is
+  different (an even flat partition, fp16 parameters and gradients: ``state_bytes_for_count``).
+* ``fsdp2_no_reshard`` (labelled *FSDP2, reshard_after_forward=False*, often called ZeRO-2):
+  ``fully_shard(..., reshard_after_forward=False)``.
   Between steps it holds what FSDP2 holds (parameter, gradient and optimizer shards). After a
   unit's forward it does *not* free the parameters it all-gathered: each unit keeps its unsharded
   parameters (in the compute dtype, padded to ``N`` equal chunks) until its backward has used them.
   At the start of the backward every unit's copy is alive at once: all parameters, unsharded, on
   every GPU, on top of the shards. That is :func:`~guide.memory.unsharded_param_bytes`, counted in
   :attr:`GpuSplit.unsharded`. Gradients and optimizer state stay sharded: ZeRO stage 2's memory
-  at its peak (replicated parameters, sharded gradients and optimizer state), hence the label.
+  at its peak (replicated parameters, sharded gradients and optimizer state), hence that name.
 * ``fsdp2``: ``fully_shard`` with resharding: parameters, gradients and optimizer state sharded
-  over all ``N`` GPUs. The one unit all-gathered at a time is a transient buffer, not counted (nor
-  are reduce-scatter buffers), as on the rest of the site.
+  over all ``N`` GPUs, plus the transient buffers of
+  :func:`guide.memory.transient.fsdp2_buffer_bytes` in :attr:`GpuSplit.buffers`.
 * ``hsdp``: FSDP2 on a 2-D mesh ``(N / G, G)``: each parameter is sharded over a *shard group* of
   ``G`` GPUs (one node: ``shard_group``, default :data:`DEFAULT_SHARD_GROUP`) and replicated over
   the ``N / G`` groups. A GPU holds what FSDP2 on ``G`` GPUs holds, whatever ``N`` is; on fewer than
   ``G`` GPUs the one group is all of them. ``N`` must be a multiple of ``G`` (else the mesh does not
   exist: :func:`hsdp_shard_size` says so). No DDP buckets.
 
-Not counted: all-gather and reduce-scatter buffers, the CUDA context, NCCL, the caching
-allocator's rounding and fragmentation. *Fits* means the predicted bytes are at most the GPU's
+Not counted: the CUDA context, NCCL's buffers, the optimizer step's temporaries, the caching
+allocator's rounding and fragmentation (reserved over allocated).
+*Fits* means the predicted bytes are at most the GPU's
 memory; the *headroom* is what is left (negative: missing), and the things not counted come out of
 it. The smallest ``N`` is searched over :data:`FIT_WORLD_SIZES` (powers of two up to 4,096).
 """
@@ -38,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 from guide.constants import CONSTANTS
 from guide.memory.activations import activation_bytes
@@ -45,22 +54,25 @@ from guide.memory.architectures import Architecture
 from guide.memory.predicted import (
     GPU_MEMORY_CONSTANTS,
     PRECISIONS,
+    WORLD_SIZES,
     per_rank_state_bytes,
     state_bytes_for_count,
     unsharded_param_bytes,
 )
 from guide.memory.state import GiB
+from guide.memory.transient import autocast_weight_bytes, fsdp2_buffer_bytes
+from guide.sharding import Strategy
 from guide.validate import positive_int
 
 __all__ = ["DEFAULT_SHARD_GROUP", "FIT_LABELS", "FIT_STRATEGIES", "FIT_WORLD_SIZES", "GPU_BYTES",
-           "GpuSplit", "capacity_bytes", "fit_report", "hsdp_shard_size", "per_gpu",
-           "smallest_world_size"]
+           "GpuSplit", "capacity_bytes", "fit_report", "hsdp_shard_size", "min_world_size",
+           "per_gpu", "smallest_world_size"]
 
 #: The layouts the calculator prices, in the order it shows them (see the module docstring).
 FIT_STRATEGIES = ("ddp", "zero1", "fsdp2_no_reshard", "fsdp2", "hsdp")
 #: How the calculator names them.
-FIT_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1",
-              "fsdp2_no_reshard": "ZeRO-2 (FSDP2, no reshard)",
+FIT_LABELS = {"ddp": "DDP", "zero1": "DDP + ZeroRedundancyOptimizer",
+              "fsdp2_no_reshard": "FSDP2, reshard_after_forward=False",
               "fsdp2": "FSDP2", "hsdp": "HSDP", "zero2": "ZeRO-2 (the paper's, analytic)"}
 #: GPUs per HSDP shard group unless told: one node of 8 GPUs.
 DEFAULT_SHARD_GROUP = 8
@@ -75,7 +87,10 @@ class GpuSplit:
     """Predicted bytes on the fullest GPU of one layout at one world size, part by part.
 
     ``unsharded``: the parameters ``reshard_after_forward=False`` keeps unsharded from forward to
-    backward (0 for the other layouts). ``shard_group``: how many GPUs a parameter is sharded over
+    backward (0 for the other layouts). ``autocast``: the bf16 weight copies autocast saves (DDP,
+    ZeRO-1 in mixed precision). ``buffers``: FSDP2's gathered parameters and gradient buffers.
+    Both are 0 when the model is a parameter count alone. ``shard_group``: how many GPUs a
+    parameter is sharded over
     (1 for DDP and ZeRO-1, ``N`` for ZeRO-2 and FSDP2, ``G`` for HSDP).
     """
 
@@ -88,12 +103,14 @@ class GpuSplit:
     optimizer: int
     buckets: int
     activations: int
+    autocast: int = 0
+    buffers: int = 0
 
     @property
     def total(self) -> int:
         """Every part added up: what the GPU must hold at the step's peak."""
         return (self.params + self.unsharded + self.grads + self.optimizer + self.buckets
-                + self.activations)
+                + self.activations + self.autocast + self.buffers)
 
 
 def _strategy(key: str) -> str:
@@ -122,7 +139,9 @@ def per_gpu(model: Architecture | int, strategy: str, world_size: int, precision
     """The fullest GPU's bytes for ``strategy`` (a key of :data:`FIT_STRATEGIES`) on
     ``world_size`` GPUs. ``model`` is an :class:`Architecture` (shapes: exact, with FSDP2's padding
     and ZeRO-1's greedy partition) or a parameter count (ZeRO's ideal 1/N formulas, no padding).
-    ``activations``: bytes per GPU (:func:`guide.memory.activation_bytes`, or 0)."""
+    ``activations``: bytes per GPU (:func:`guide.memory.activation_bytes`, or 0). With an
+    :class:`Architecture`, autocast's weight copies and FSDP2's buffers are added
+    (:mod:`guide.memory.transient`); a parameter count prices model state alone."""
     key = _strategy(strategy)
     n = positive_int("world_size", world_size, "the number of GPUs")
     group = (hsdp_shard_size(n, shard_group) if key == "hsdp"
@@ -135,14 +154,17 @@ def per_gpu(model: Architecture | int, strategy: str, world_size: int, precision
                                   ddp_buckets=ddp_buckets)
         unsharded = (unsharded_param_bytes(shapes, n, precision)
                      if key == "fsdp2_no_reshard" else 0)
+        autocast = autocast_weight_bytes(model, key, precision)
+        buffers = fsdp2_buffer_bytes(model, key, precision)
     else:
+        autocast = buffers = 0
         sb = state_bytes_for_count(model, priced, width, precision, optimizer,
                                    ddp_buckets=ddp_buckets)
         unsharded = model * PRECISIONS[precision].compute if key == "fsdp2_no_reshard" else 0
     if isinstance(activations, bool) or not isinstance(activations, int) or activations < 0:
         raise ValueError(f"activations must be a number of bytes >= 0, got {activations!r}.")
     return GpuSplit(key, n, group, sb.params, unsharded, sb.grads, sb.optimizer, sb.buckets,
-                    activations)
+                    activations, autocast, buffers)
 
 
 def capacity_bytes(gpu: str | None = None, gib: float | None = None) -> int:
@@ -215,4 +237,29 @@ def fit_report(model: Architecture | int, strategies: list[str], world_sizes: li
     return report
 
 
-_PARTS = ("params", "unsharded", "grads", "optimizer", "buckets", "activations", "total")
+def min_world_size(arch: Architecture, strategy: Strategy | str, capacity_bytes: float,
+                   precision: str, optimizer: str, *, ddp_buckets: bool, seq_len: int | None,
+                   micro_batch: int = 1, checkpointing: str = "none", norm: str = "fused",
+                   world_sizes: Sequence[int] = WORLD_SIZES) -> int | None:
+    """The smallest N in ``world_sizes`` at which the fullest GPU's :func:`per_gpu` total fits
+    in ``capacity_bytes``; ``None`` if none does. Every page that states a minimum N calls this
+    (or :func:`smallest_world_size`, the same rule over :data:`FIT_WORLD_SIZES`).
+
+    ``seq_len=None`` prices model state and transient buffers without activations; else
+    :func:`guide.memory.activation_bytes` of ``micro_batch`` sequences (``checkpointing``,
+    ``norm`` as there, activations in ``precision``'s compute dtype). The assumptions are
+    keyword-only with no default, so every caller states them.
+    """
+    key = strategy.value if isinstance(strategy, Strategy) else Strategy.parse(strategy).value
+    act = 0 if seq_len is None else activation_bytes(
+        arch, seq_len, micro_batch, checkpointing=checkpointing, norm=norm,
+        bytes_per_element=PRECISIONS[precision].compute)
+    for n in world_sizes:
+        if per_gpu(arch, key, n, precision, optimizer, activations=act,
+                   ddp_buckets=ddp_buckets).total <= capacity_bytes:
+            return n
+    return None
+
+
+_PARTS = ("params", "unsharded", "grads", "optimizer", "buckets", "activations", "autocast",
+          "buffers", "total")

@@ -12,7 +12,7 @@ are :data:`~guide.memory.PRECISIONS` below.
 * **Strategies**:
 
   - DDP: every rank holds everything.
-  - ZeRO-1: DDP + :class:`torch.distributed.optim.ZeroRedundancyOptimizer`. Optimizer state is
+  - ZeRO-1 (torch's, not the paper's stage 1): DDP + :class:`torch.distributed.optim.ZeroRedundancyOptimizer`. Optimizer state is
     split **by whole parameter**, greedily (largest first, each to the rank with the fewest elements
     so far), as ``ZeroRedundancyOptimizer._partition_parameters`` does; not exactly 1/N, so the
     model replays the partition from the shapes (:func:`~guide.memory.zero1_partition`).
@@ -35,8 +35,9 @@ are :data:`~guide.memory.PRECISIONS` below.
   ``gradient_as_bucket_view=True``. :attr:`~guide.memory.StateBytes.model_state` never includes
   them; ``.total`` does.
 
-* **Activations** are :mod:`guide.memory.activations`' estimate;
-  :func:`~guide.memory.min_world_size` adds them to the model state when given a sequence length.
+* **Activations** are :mod:`guide.memory.activations`' count and the step's transient buffers
+  :mod:`guide.memory.transient`'s; :func:`guide.memory.fit.per_gpu` adds them to this model state
+  (and :func:`guide.memory.min_world_size` searches its totals).
 """
 
 from __future__ import annotations
@@ -49,15 +50,14 @@ from collections.abc import Sequence
 
 from guide.constants import CONSTANTS
 from guide.layout import chunk_sizes
-from guide.memory.activations import activation_bytes
-from guide.memory.architectures import Architecture, Shape
+from guide.memory.architectures import Shape
 from guide.memory.state import StateBytes
 from guide.sharding import Strategy
 from guide.optimizers import OPTIMIZERS, Optimizer
 from guide.validate import positive_int
 
 __all__ = ["GPU_MEMORY_CONSTANTS", "GPU_TOTAL_MEMORY_GIB", "PRECISIONS", "WORLD_SIZES", "Precision",
-           "min_world_size", "per_rank_state_bytes", "state_bytes_by_rank", "state_bytes_for_count",
+           "per_rank_state_bytes", "state_bytes_by_rank", "state_bytes_for_count",
            "unsharded_param_bytes", "zero1_partition"]
 
 #: The cited constant (:data:`guide.constants.CONSTANTS`, in MiB, with its source) behind each
@@ -80,7 +80,7 @@ def _total_gib(constant: str) -> float:
 #: configuration that "just fits" under it may not.
 GPU_TOTAL_MEMORY_GIB = {gpu: _total_gib(key) for gpu, key in GPU_MEMORY_CONSTANTS.items()}
 
-#: The world sizes :func:`~guide.memory.min_world_size` tries by default: powers of two up to 1,024.
+#: The world sizes :func:`guide.memory.min_world_size` tries by default: powers of two up to 1,024.
 WORLD_SIZES = tuple(2**k for k in range(11))
 
 
@@ -289,30 +289,3 @@ def state_bytes_for_count(n_params: int, strategy: Strategy | str, world_size: i
     o_n = n_params if strategy is Strategy.DDP else share
     return StateBytes(p_n * pr.param, g_n * pr.grad, o_n * (pr.master + opt.moments * pr.moment),
                       _bucket_bytes(strategy, n_params, pr, ddp_buckets))
-
-
-# -- the smallest world that fits --------------------------------------------------------------------
-
-
-def min_world_size(arch: Architecture, strategy: Strategy | str, capacity_bytes: float,
-                   precision: str, optimizer: str, *, ddp_buckets: bool, seq_len: int | None,
-                   micro_batch: int = 1, checkpointing: str = "none",
-                   world_sizes: Sequence[int] = WORLD_SIZES) -> int | None:
-    """The smallest N in ``world_sizes`` at which the fullest rank's predicted bytes fit in
-    ``capacity_bytes``; ``None`` if none does. Every page that states a minimum N calls this.
-
-    The bytes are :func:`~guide.memory.per_rank_state_bytes`' total (with DDP's buckets if
-    ``ddp_buckets``) plus, when ``seq_len`` is given, :func:`guide.memory.activation_bytes` of
-    ``micro_batch`` sequences (fused attention; ``checkpointing`` as there); ``seq_len=None`` is
-    model state alone. Both assumptions are keyword-only with no default, so every caller states
-    them.
-    """
-    act = 0 if seq_len is None else activation_bytes(arch, seq_len, micro_batch,
-                                                     checkpointing=checkpointing)
-    shapes = arch.param_shapes()
-    for n in world_sizes:
-        held = per_rank_state_bytes(shapes, strategy, n, precision, optimizer,
-                                    ddp_buckets=ddp_buckets).total
-        if held + act <= capacity_bytes:
-            return n
-    return None

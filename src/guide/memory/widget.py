@@ -33,6 +33,7 @@ import guide.memory.fit as fit
 import guide.memory.inputs as inputs
 import guide.memory.predicted as predicted
 import guide.memory.state as state
+import guide.memory.transient as transient
 from guide.memory.activations import CHECKPOINTING
 from guide.memory.architectures import PRESETS
 from guide.memory.fit import (
@@ -52,13 +53,16 @@ __all__ = ["CHECKED_CONFIGS", "MIRRORED", "OUTSIDE", "WIDGET_JS", "StaleWidget",
 WIDGET_JS = Path(__file__).resolve().parents[3] / "docs" / "_static" / "memory_widget.js"
 #: How many configurations the browser test compares (the widget states it).
 CHECKED_CONFIGS = 320
-#: Short names the widget's table and chart use.
+#: Short names the widget's table and chart use (its 64-pixel label column): ``ZeRO-1`` is
+#: DDP + torch's ZeroRedundancyOptimizer, ``ZeRO-2`` FSDP2 with reshard_after_forward=False (their
+#: full labels, :data:`guide.memory.fit.FIT_LABELS`, are in the strategy menu).
 SHORT = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp2_no_reshard": "ZeRO-2", "fsdp2": "FSDP2",
          "hsdp": "HSDP"}
 _BEGIN, _END = "// DATA-BEGIN", "// DATA-END"
 #: The modules the port mirrors, hashed whole: every ``guide.memory`` module they import must be
 #: here (``tests/memory/test_widget.py`` follows the imports and fails on one left out).
-MIRRORED = (fit, predicted, activations, architectures, state, finetune, inputs, display)
+MIRRORED = (fit, predicted, activations, architectures, state, transient, finetune, inputs,
+            display)
 #: Each name the mirrored modules import from outside ``guide.memory``, and how the stamp covers
 #: it: ``"source"`` (its source is hashed too), ``"data"`` (only values, which the DATA block
 #: carries and :func:`check` compares) or ``"not ported: ..."`` (the widget does not use it).
@@ -67,8 +71,8 @@ OUTSIDE = {
     "guide.validate.positive_int": "source",
     "guide.sharding.Strategy": "source",
     "guide.constants.CONSTANTS": "data",
-    "guide.training.OPTIMIZERS": "data",
-    "guide.training.Optimizer": "data",
+    "guide.optimizers.OPTIMIZERS": "data",
+    "guide.optimizers.Optimizer": "data",
     "guide.model.ModelConfig": "not ported: TinyLM's exact activations, not the calculator's",
 }
 

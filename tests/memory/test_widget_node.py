@@ -1,0 +1,62 @@
+"""The browser calculator's model equals the Python model, run in Node.js instead of Chromium.
+
+The same configurations and comparison as ``tests/test_calculator_widget.py`` (which needs
+Chromium and Playwright), on the widget's ``MemoryWidget.model`` loaded into Node with a stub
+``window``/``document`` (the model needs neither): every number of every row, the activations and
+the smallest N, as exact integers. Skipped where ``node`` is not installed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from guide.memory.widget import WIDGET_JS
+from test_calculator_widget import _JS_REPORTS, _reports, compare
+
+NODE = shutil.which("node")
+
+_HARNESS = """
+const fs = require("fs");
+global.window = {};
+global.document = {readyState: "complete", querySelectorAll: () => [],
+                   getElementById: () => true, head: {append: () => {}}};
+eval(fs.readFileSync(process.argv[1], "utf8"));
+global.MemoryWidget = window.MemoryWidget;
+const cfgs = JSON.parse(fs.readFileSync(0, "utf8"));
+process.stdout.write(JSON.stringify((%s)(cfgs)));
+"""
+
+
+def _node_reports(cfgs: list[dict], patch: str = "") -> list[dict]:
+    script = _HARNESS % _JS_REPORTS
+    if patch:
+        script = script.replace("global.MemoryWidget = window.MemoryWidget;",
+                                "global.MemoryWidget = window.MemoryWidget;\n"
+                                "(function () { const M = MemoryWidget.model; " + patch + " })();")
+    run = subprocess.run([NODE, "-e", script, str(WIDGET_JS)], input=json.dumps(cfgs),
+                         capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(run.stdout)
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+@pytest.mark.timeout(1200)
+def test_widget_model_in_node_equals_the_python_model(request):
+    cfgs, py = _reports(160)
+    first, compared, largest = compare(cfgs, _node_reports(cfgs), py)
+    assert first is None, first
+    assert largest == 0 and compared >= 59 * len(cfgs)
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+@pytest.mark.parametrize(("patch", "field"), [
+    ("const f = M.fsdp2BufferBytes; M.fsdp2BufferBytes = (a, k, p) => f(a, k, p) / 2n;", "buffers"),
+    ("const f = M.logitsBytes; M.logitsBytes = (a, s, b) => f(a, s, b) / 2n;", "activations"),
+    ("M.autocastWeightBytes = () => 0n;", "autocast"),
+])
+def test_node_guard_names_the_part_when_a_formula_changes(patch, field):
+    cfgs, py = _reports(40)
+    first, _, _ = compare(cfgs, _node_reports(cfgs, patch), py)
+    assert first is not None and field in first, first
