@@ -40,11 +40,13 @@ def test_bad_memory_limit_is_refused(limit) -> None:
 
 
 def test_public_api_is_re_exported_by_guide() -> None:
-    """``guide`` re-exports the launcher's public names and the torch floor, nothing else."""
-    from guide import launcher
+    """``guide`` re-exports the launcher's public names, the page declaration and the torch floor,
+    nothing else."""
+    from guide import launcher, page
     from guide.launcher import torch_support
 
-    assert set(guide.__all__) == {*launcher.__all__, "SUPPORTED_TORCH", "torch_version_ok"}
+    assert set(guide.__all__) == {*launcher.__all__, "Page", "SUPPORTED_TORCH", "torch_version_ok"}
+    assert guide.Page is page.Page
     assert all(getattr(guide, name) is getattr(launcher, name) for name in launcher.__all__)
     assert guide.SUPPORTED_TORCH == torch_support.SUPPORTED_TORCH
     assert guide.torch_version_ok is torch_support.torch_version_ok
