@@ -1,0 +1,123 @@
+"""docs/world_sizes_ext.py builds: the ``world-sizes`` directive in a throwaway Sphinx project
+lists every example under the exact sizes it declares (two examples share a line only if they
+support the same sizes, not merely the same default), each restricted one with its reason, and
+each generated page states its sizes under its title.
+
+The extension is imported as ``docs.world_sizes_ext`` (the name the mutation session knows it by;
+the site's conf.py loads the same file as ``world_sizes_ext``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: stem -> the declaration its example makes. b and c share a default (4), not their sizes.
+EXAMPLES = {
+    "plot_a": "guide.world_size(2, supports=(1, 2, 4, 8))",
+    "plot_b": 'guide.world_size(4, supports=(4, 8), why="needs a 2-D mesh")',
+    "plot_c": 'guide.world_size(4, supports=(4,), why="one size, by design")',
+    "plot_d": "guide.world_size(1, supports=(1, 2, 4, 8))",
+}
+
+
+@pytest.fixture
+def ext(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    module = importlib.import_module("docs.world_sizes_ext")
+    assert Path(module.__file__) == ROOT / "docs" / "world_sizes_ext.py"
+    yield module
+    for name in ("docs.world_sizes_ext", "docs"):
+        sys.modules.pop(name, None)
+
+
+def _project(tmp_path: Path, examples: dict[str, str] = EXAMPLES) -> Path:
+    """A site with ``index`` (the directive) and one generated-looking page per example."""
+    src, gallery = tmp_path / "src", tmp_path / "examples"
+    (src / "auto_examples").mkdir(parents=True)
+    gallery.mkdir()
+    for stem, call in examples.items():
+        (gallery / f"{stem}.py").write_text(f'"""{stem}"""\nimport guide\nN = {call}\n')
+        title = f"Page {stem}"
+        (src / "auto_examples" / f"{stem}.rst").write_text(
+            f".. _sphx_glr_auto_examples_{stem}.py:\n\n{title}\n{'=' * len(title)}\n\nBody.\n")
+    (src / "conf.py").write_text(
+        f"extensions = ['docs.world_sizes_ext']\nworld_sizes_examples_dir = {str(gallery)!r}\n")
+    (src / "index.rst").write_text(
+        "Index\n=====\n\n.. world-sizes::\n\n.. toctree::\n   :glob:\n\n   auto_examples/*\n")
+    return src
+
+
+def _build(src: Path) -> Path:
+    from sphinx.application import Sphinx
+
+    out = src.parent / "out"
+    warnings = io.StringIO()
+    app = Sphinx(str(src), str(src), str(out), str(src.parent / "doctrees"), "text",
+                 status=None, warning=warnings, freshenv=True)
+    app.build()
+    assert "WARNING" not in warnings.getvalue(), warnings.getvalue()
+    return out
+
+
+def test_the_directive_lists_each_example_under_the_sizes_it_declares(ext, tmp_path) -> None:
+    out = _build(_project(tmp_path))
+    index = (out / "index.txt").read_text()
+    lines = [line.replace("*", "").strip() for line in index.splitlines() if "ranks:" in line]
+    assert lines == [
+        "1, 2, 4 and 8 ranks: plot_a, plot_d",
+        "4 ranks: plot_c (one size, by design)",
+        "4 and 8 ranks: plot_b (needs a 2-D mesh)",
+    ], index
+    page = (out / "auto_examples" / "plot_b.txt").read_text()
+    assert "*World sizes under torchrun: 4 and 8 ranks (needs a 2-D mesh).*" in page
+
+
+def test_the_list_nodes_link_each_page_and_keep_each_reason(ext) -> None:
+    from guide.world_sizes import Contract
+
+    contracts = {"plot_x": Contract(4, (4, 8), "why x"), "plot_y": Contract(4, (4,), "why y"),
+                 "plot_z": Contract(2, (2, 4))}
+    items = ext.world_sizes_list(contracts, "pages/cluster")
+    assert "world-sizes" in items["classes"]
+    texts = [item.astext() for item in items.children]
+    assert texts == ["2 and 4 ranks: plot_z", "4 ranks: plot_y (why y)",
+                     "4 and 8 ranks: plot_x (why x)"]
+    refs = [ref for item in items.children for ref in item.findall(ext.addnodes.pending_xref)]
+    assert [(r["reftarget"], r["refdoc"], r["refdomain"], r["reftype"]) for r in refs] == [
+        (f"/auto_examples/{stem}", "pages/cluster", "std", "doc")
+        for stem in ("plot_z", "plot_y", "plot_x")]
+    assert all(r["refexplicit"] and r["refwarn"] for r in refs)
+
+
+def test_the_biggest_group_comes_first_then_by_sizes(ext) -> None:
+    from guide.world_sizes import Contract
+
+    contracts = {"plot_1": Contract(4, (4,)), "plot_2": Contract(2, (2, 4)),
+                 "plot_3": Contract(4, (2, 4)), "plot_4": Contract(1, (1,))}
+    texts = [item.astext() for item in ext.world_sizes_list(contracts, "index").children]
+    assert texts == ["2 and 4 ranks: plot_2, plot_3", "1 ranks: plot_4", "4 ranks: plot_1"]
+
+
+def test_the_examples_are_read_in_file_name_order_and_an_empty_gallery_is_refused(
+        ext, tmp_path) -> None:
+    from types import SimpleNamespace
+
+    src = _project(tmp_path, {"plot_b": EXAMPLES["plot_b"], "plot_a": EXAMPLES["plot_a"]})
+    (tmp_path / "examples" / "helper.py").write_text("not an example\n")
+    app = SimpleNamespace(srcdir=str(src), config=SimpleNamespace(
+        world_sizes_examples_dir="../examples"))
+    found = ext.contracts(app)
+    assert list(found) == ["plot_a", "plot_b"]
+    assert found["plot_b"].supports == (4, 8) and found["plot_b"].why == "needs a 2-D mesh"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    app.config.world_sizes_examples_dir = str(empty)
+    with pytest.raises(ValueError, match="no plot_.*world_sizes_examples_dir"):
+        ext.contracts(app)
