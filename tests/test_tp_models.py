@@ -116,3 +116,74 @@ def test_a_tp_degree_dividing_the_heads_but_not_the_kv_heads_is_refused() -> Non
     with pytest.raises(ValueError, match="8 heads and 2 kv heads"):
         tp_fsdp_estimate(arch, 4, 4, 16)
     assert tp_fsdp_estimate(arch, 4, 2, 16).tp == 2
+
+
+def test_the_messages_name_the_argument_and_what_it_counts() -> None:
+    model = build_tp_model(CFG)
+    with pytest.raises(ValueError, match=r"^tp must be a positive integer \(the tensor-parallel "
+                                         r"degree\), got 0\.$"):
+        tp_step(model, plan_kinds(PLAN), tokens=10, tp=0)
+    with pytest.raises(ValueError, match=r"^tokens must be a positive integer \(tokens per rank "
+                                         r"per step\), got 0\.$"):
+        tp_step(model, plan_kinds(PLAN), tokens=0, tp=2)
+    with pytest.raises(ValueError, match=r"^dp must be a positive integer \(the data-parallel "
+                                         r"degree\), got 0\.$"):
+        expected_layout(model, PLAN, 0, 2, 0)
+    with pytest.raises(ValueError, match=r"^tp must be a positive integer \(the tensor-parallel "
+                                         r"degree\), got 0\.$"):
+        tp_local_shapes(model, PLAN, 0)
+    with pytest.raises(ValueError, match=r"^blocks.0.q.weight: dim 0 of \(16, 16\) is not "
+                                         r"divisible by tp=3; pick a tensor-parallel degree that "
+                                         r"divides the heads and the MLP width\.$"):
+        tp_local_shapes(model, PLAN, 3)
+    with pytest.raises(ValueError, match=r"^plan entry 'q': object is not ColwiseParallel or "
+                                         r"RowwiseParallel; tp_local_shapes knows only those two\.$"):
+        plan_kinds({"q": object()})
+    with pytest.raises(ValueError, match=r"^build_tp_model uses scaled_dot_product_attention; pass "
+                                         r"a ModelConfig with attention='sdpa' \(got 'explicit'\)\.$"):
+        build_tp_model(ModelConfig(attention="explicit"))
+    for name in ("gpus", "tp", "seq_len", "micro_batch", "param_bytes"):
+        kwargs = dict(gpus=8, tp=2, seq_len=64, micro_batch=1, param_bytes=2) | {name: 0}
+        with pytest.raises(ValueError, match=rf"^{name} must be a positive integer, got 0\.$"):
+            tp_fsdp_estimate(PRESETS["llama-3-8b"], **kwargs)
+    with pytest.raises(ValueError, match=r"^tp=16 must divide gpus=64 and fit in a node of 8 GPUs "
+                                         r"\(TP's all-reduces need NVLink\)\.$"):
+        tp_fsdp_estimate(PRESETS["llama-3-8b"], 64, 16, 64)
+    with pytest.raises(ValueError, match=r"^tp=3 must divide the 32 heads and 8 kv heads\.$"):
+        tp_fsdp_estimate(PRESETS["llama-3-8b"], 6, 3, 64)
+
+
+def test_a_model_without_kv_heads_uses_its_heads_and_tp_may_fill_the_node() -> None:
+    arch = Architecture(vocab=64, hidden=48, layers=1, heads=6, mlp=64)  # kv_heads None: MHA
+    with pytest.raises(ValueError, match="the 6 heads and 6 kv heads"):
+        tp_fsdp_estimate(arch, 4, 4, 16)
+    assert tp_fsdp_estimate(arch, 16, 2, 16, gpus_per_node=2).dp == 8  # tp == gpus_per_node
+
+
+def test_a_module_outside_the_blocks_named_like_a_plan_entry_keeps_its_shape() -> None:
+    """Only ``blocks.<i>.<name>`` is in the plan: a top-level ``proj`` is FSDP2's alone."""
+    from torch import nn
+
+    model = build_tp_model(CFG)
+    model.proj = nn.Linear(16, 16)
+    local = tp_local_shapes(model, PLAN, 2)
+    assert local["proj.weight"] == (16, 16) and local["blocks.0.proj.weight"] == (16, 8)
+    assert expected_layout(model, PLAN, 2, 2, 0)["proj.weight"] == ("(Shard(dim=0),)", (8, 16))
+
+
+def test_the_tp_model_depends_only_on_its_seed_and_leaves_the_global_rng_alone() -> None:
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a = build_tp_model(CFG, seed=3)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    torch.rand(7)
+    b = build_tp_model(CFG, 3)
+    c = build_tp_model(CFG, seed=4)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.blocks[0].q.weight, c.blocks[0].q.weight)
+    torch.manual_seed(0)
+    default = build_tp_model(CFG)
+    assert torch.equal(default.blocks[1].fc1.weight, build_tp_model(CFG, seed=0).blocks[1].fc1.weight)
+    assert {p.device.type for p in default.parameters()} == {"cpu"}
+    assert [type(b).__name__ for b in default.blocks] == ["TPBlock"] * CFG.n_layers
+    assert default.blocks[0].q.bias is None and default.blocks[0].proj.bias is not None

@@ -238,3 +238,56 @@ def test_the_default_outside_the_list_names_the_fix() -> None:
     with pytest.raises(ValueError, match=r"default world size 2 is not among the supported "
                                          r"sizes 4 and 8: add it, or change the default"):
         Contract(2, (4, 8))
+
+
+def test_the_message_names_the_running_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No script given: the file ``python`` ran (``__main__``), else ``argv[0]``, else (a notebook,
+    a REPL) a placeholder."""
+    from types import SimpleNamespace
+
+    contract = Contract(4, (4,))
+    monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace(__file__="/x/plot_main.py"))
+    with pytest.raises(UnsupportedWorldSize, match=r"^plot_main supports 4 ranks; .*plot_main\.py`"):
+        check(2, contract)
+    monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace())
+    monkeypatch.setattr(sys, "argv", ["/y/plot_argv.py", "--flag"])
+    with pytest.raises(UnsupportedWorldSize, match=r"^plot_argv supports"):
+        check(2, contract)
+    for argv in ([""], [], ["ipykernel_launcher"]):
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(UnsupportedWorldSize, match=r"^example supports 4 ranks; you started "
+                                                       r"2\. Run `torchrun --standalone "
+                                                       r"--nproc-per-node=4 example\.py`"):
+            check(2, contract)
+    assert check(4, contract, "whatever.py") == 4
+
+
+@pytest.mark.parametrize("text", [
+    "N = guide.world_size(2, 4, supports=(2, 4))\n",
+    "N = guide.world_size(supports=(2, 4))\n",
+    "N = guide.world_size(2, supports=(2, 4), why='w', default=2)\n",
+])
+def test_a_declaration_with_the_wrong_arguments_names_its_line(tmp_path: Path, text: str) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text("import guide\n\n" + text)
+    with pytest.raises(ValueError, match=r"^plot_x\.py, line 3: declare the world sizes as "
+                                         r"guide\.world_size\(default, supports=\(\.\.\.\), "
+                                         r"why='\.\.\.'\)\.$"):
+        declared(page)
+
+
+def test_declared_names_the_file_and_what_it_found(tmp_path: Path) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text("N = guide.world_size(2, supports=(2,))\nM = world_size(2, supports=(2,))\n")
+    with pytest.raises(ValueError, match=r"^plot_x\.py: expected one guide\.world_size\(\.\.\.\) "
+                                         r"call declaring its world sizes, found 2\.$"):
+        declared(page)
+    page.write_text("f()()\nN = g.world_sizes(2)\n")
+    with pytest.raises(NoDeclaration, match=r"^plot_x\.py: no guide\.world_size\(\.\.\.\) call "
+                                            r"declares its world sizes\.$"):
+        declared(page)
+    page.write_text("N = guide.world_size(2, supports=(2,), why=WHY)\n")
+    with pytest.raises(ValueError, match=r"^plot_x\.py, line 1: the world-size declaration must "
+                                         r"use literal values \(the docs read it without running "
+                                         r"the page\)\.$"):
+        declared(page)

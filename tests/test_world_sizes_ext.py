@@ -38,7 +38,8 @@ def ext(monkeypatch):
 
 
 def _project(tmp_path: Path, examples: dict[str, str] = EXAMPLES) -> Path:
-    """A site with ``index`` (the directive) and one generated-looking page per example."""
+    """A site with ``index`` (the directive) and one generated-looking page per example, its
+    gallery at the extension's default place (``../examples`` from the docs)."""
     src, gallery = tmp_path / "src", tmp_path / "examples"
     (src / "auto_examples").mkdir(parents=True)
     gallery.mkdir()
@@ -47,14 +48,13 @@ def _project(tmp_path: Path, examples: dict[str, str] = EXAMPLES) -> Path:
         title = f"Page {stem}"
         (src / "auto_examples" / f"{stem}.rst").write_text(
             f".. _sphx_glr_auto_examples_{stem}.py:\n\n{title}\n{'=' * len(title)}\n\nBody.\n")
-    (src / "conf.py").write_text(
-        f"extensions = ['docs.world_sizes_ext']\nworld_sizes_examples_dir = {str(gallery)!r}\n")
+    (src / "conf.py").write_text("extensions = ['docs.world_sizes_ext']\n")
     (src / "index.rst").write_text(
         "Index\n=====\n\n.. world-sizes::\n\n.. toctree::\n   :glob:\n\n   auto_examples/*\n")
     return src
 
 
-def _build(src: Path) -> Path:
+def _build(src: Path):
     from sphinx.application import Sphinx
 
     out = src.parent / "out"
@@ -63,11 +63,11 @@ def _build(src: Path) -> Path:
                  status=None, warning=warnings, freshenv=True)
     app.build()
     assert "WARNING" not in warnings.getvalue(), warnings.getvalue()
-    return out
+    return app, out
 
 
 def test_the_directive_lists_each_example_under_the_sizes_it_declares(ext, tmp_path) -> None:
-    out = _build(_project(tmp_path))
+    app, out = _build(_project(tmp_path))
     index = (out / "index.txt").read_text()
     lines = [line.replace("*", "").strip() for line in index.splitlines() if "ranks:" in line]
     assert lines == [
@@ -77,6 +77,10 @@ def test_the_directive_lists_each_example_under_the_sizes_it_declares(ext, tmp_p
     ], index
     page = (out / "auto_examples" / "plot_b.txt").read_text()
     assert "*World sizes under torchrun: 4 and 8 ranks (needs a 2-D mesh).*" in page
+    # an edited declaration rebuilds the list: the index depends on every example's file
+    assert {Path(d).name for d in app.env.dependencies["index"]} == \
+        {f"{stem}.py" for stem in EXAMPLES}
+    assert app.config.world_sizes_examples_dir == "../examples"
 
 
 def test_the_list_nodes_link_each_page_and_keep_each_reason(ext) -> None:

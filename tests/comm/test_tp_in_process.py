@@ -148,3 +148,28 @@ def test_a_2d_step_issues_what_the_models_say_and_holds_the_expected_layout(fake
              for lay in param_layouts(model, rank)
              if (lay.placements, lay.local_shape) != want[lay.name]}
     assert wrong == {}, f"dp rank {dp_rank}: (held, expected) {wrong}"
+
+
+def test_every_group_form_funcol_takes_is_resolved_to_its_ranks_and_the_log_restores(
+        fake_world) -> None:
+    """funcol takes a ``(mesh, dim)`` pair, a 1-D DeviceMesh or a group name; c10d a group or
+    ``None`` (the world). Closing the log puts torch's functions back."""
+    fake_world(1, 4)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    originals = (dist.all_reduce, funcol.all_reduce, dist.all_gather_into_tensor)
+    with MeshLog() as log:
+        funcol.all_reduce(torch.ones(2), "sum", mesh["tp"])
+        funcol.all_reduce(torch.ones(3), "sum", mesh.get_group("dp").group_name)
+        funcol.all_reduce(torch.ones(4), "sum", (mesh, 0))
+        dist.all_reduce(torch.ones(5))
+    assert [(c.numel, ranks) for c, ranks in log.records] == [
+        (2, (0, 1)), (3, (1, 3)), (4, (1, 3)), (5, (0, 1, 2, 3))]
+    assert (dist.all_reduce, funcol.all_reduce, dist.all_gather_into_tensor) == originals
+    assert MeshLog._active is None
+    with MeshLog() as again:
+        pass
+    assert again.records == []
+    with pytest.raises(ValueError, match=r"^a all_reduce of 5 elements ran on ranks \(0, 1, 2, "
+                                         r"3\), which is no dimension of this rank's mesh "
+                                         r"\{\(1, 3\): 'dp', \(0, 1\): 'tp'\}\.$"):
+        log.by_dim(mesh)
