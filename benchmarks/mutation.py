@@ -99,6 +99,8 @@ _LAUNCHER = ("tests/launcher/test_failure_records.py", "tests/launcher/test_supe
              "test_a_launcher_whose_deadline_never_fires_is_failed_by_the_timeout")
 _CHECKS, _SUPERVISE = "src/guide/checks.py", "src/guide/launcher/supervise.py"
 _COMM_CHECKS = "src/guide/comm/checks.py"
+_TP = ("tests/comm/test_tp_in_process.py", "tests/test_tp_models.py")
+_TP_COMM = "src/guide/comm/tp.py"
 #: mutmut does not mutate module-level constants, nor delete half of a condition: the tolerances,
 #: each 10x looser and 10x tighter, and the bugs of the audit that asked for this tool (issue 19:
 #: LOSS_TOL 1e-5 -> 1e-2 and PARAM_TOL["sgd"] 1e-6 -> 1e-3 passed every test, and so did the
@@ -164,6 +166,29 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
                "return [tuple(q.shape) for q in model.parameters()]",
                "return [tuple(getattr(q, '_local_tensor', q).shape) for q in model.parameters()]",
                ("tests/memory/test_measured.py",)),
+    # issue 38's audit: this month's modules (each one of its planted bugs that went unnoticed)
+    HandMutant("src/guide/world_sizes.py", "    if got in contract.supports:\n        return 0",
+               "    if got >= contract.default:\n        return 0",
+               ("tests/test_world_sizes.py", "-kslurm_check")),
+    HandMutant("src/guide/world_sizes.py",
+               'supports = tuple(ast.literal_eval(kwargs["supports"]))',
+               'supports = tuple(sorted(set(ast.literal_eval(kwargs["supports"]))))',
+               ("tests/test_world_sizes.py", "-kdeclared")),
+    HandMutant("src/guide/tensor_parallel.py", "chunk_rows(shape[0], dp_rank, dp)",
+               "chunk_rows(shape[0], 0, dp)", _TP),
+    HandMutant(_TP_COMM, "else sbh * whole + sbh * split // tp)",
+               "else sbh * (whole + split) // tp)", _TP),
+    HandMutant(_TP_COMM, "    return fwd + bwd", "    return fwd", _TP),
+    HandMutant(_TP_COMM, "arch.fsdp2_units()[1])", "arch.fsdp2_units()[0])", _TP),
+    HandMutant(_TP_COMM, "return (t.numel() * n if kind", "return (t.numel() if kind", _TP),
+    HandMutant(_TP_COMM,
+               'phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"',
+               'phase = "forward"', _TP),
+    HandMutant("src/guide/compiled.py", "frames=sum(m.is_forward is not False for m in metrics)",
+               "frames=len(metrics)", ("tests/test_compile_fsdp2.py", "-klazy")),
+    HandMutant("src/guide/memory/finetune.py", "for s in layer if len(s) == 2]",
+               "for s in layer if len(s) == 2 and s[0] == s[1]]",
+               ("tests/test_lora_adapters.py",)),
 )
 
 #: Survivors that are not bugs: (function, the mutated line as ``mutmut show`` prints it after its

@@ -137,10 +137,12 @@ def test_the_messages_name_the_argument_and_what_it_counts() -> None:
                                          r"divides the heads and the MLP width\.$"):
         tp_local_shapes(model, PLAN, 3)
     with pytest.raises(ValueError, match=r"^plan entry 'q': object is not ColwiseParallel or "
-                                         r"RowwiseParallel; tp_local_shapes knows only those two\.$"):
+                                         r"RowwiseParallel; tp_local_shapes knows only those "
+                                         r"two\.$"):
         plan_kinds({"q": object()})
     with pytest.raises(ValueError, match=r"^build_tp_model uses scaled_dot_product_attention; pass "
-                                         r"a ModelConfig with attention='sdpa' \(got 'explicit'\)\.$"):
+                                         r"a ModelConfig with attention='sdpa' "
+                                         r"\(got 'explicit'\)\.$"):
         build_tp_model(ModelConfig(attention="explicit"))
     for name in ("gpus", "tp", "seq_len", "micro_batch", "param_bytes"):
         kwargs = dict(gpus=8, tp=2, seq_len=64, micro_batch=1, param_bytes=2) | {name: 0}
@@ -183,7 +185,8 @@ def test_the_tp_model_depends_only_on_its_seed_and_leaves_the_global_rng_alone()
     assert not torch.equal(a.blocks[0].q.weight, c.blocks[0].q.weight)
     torch.manual_seed(0)
     default = build_tp_model(CFG)
-    assert torch.equal(default.blocks[1].fc1.weight, build_tp_model(CFG, seed=0).blocks[1].fc1.weight)
+    assert torch.equal(default.blocks[1].fc1.weight,
+                       build_tp_model(CFG, seed=0).blocks[1].fc1.weight)
     assert {p.device.type for p in default.parameters()} == {"cpu"}
     assert [type(b).__name__ for b in default.blocks] == ["TPBlock"] * CFG.n_layers
     assert default.blocks[0].q.bias is None and default.blocks[0].proj.bias is not None

@@ -247,7 +247,8 @@ def test_the_message_names_the_running_script(monkeypatch: pytest.MonkeyPatch) -
 
     contract = Contract(4, (4,))
     monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace(__file__="/x/plot_main.py"))
-    with pytest.raises(UnsupportedWorldSize, match=r"^plot_main supports 4 ranks; .*plot_main\.py`"):
+    with pytest.raises(UnsupportedWorldSize,
+                       match=r"^plot_main supports 4 ranks; .*plot_main\.py`"):
         check(2, contract)
     monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace())
     monkeypatch.setattr(sys, "argv", ["/y/plot_argv.py", "--flag"])

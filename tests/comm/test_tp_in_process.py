@@ -117,8 +117,8 @@ def test_by_dim_files_each_call_under_its_dimension_and_refuses_another_group(fa
 
 
 def test_a_2d_step_issues_what_the_models_say_and_holds_the_expected_layout(fake_world) -> None:
-    """Rank 5 of a (3, 2) mesh (dp rank 2, the last), one forward + backward of the TP + FSDP2 model: the tp
-    group's calls are :func:`tp_step`'s (forward and backward), the dp group's
+    """Rank 5 of a (3, 2) mesh (dp rank 2, the last), one forward + backward of the TP + FSDP2
+    model: the tp group's calls are :func:`tp_step`'s (forward and backward), the dp group's
     :func:`tp_fsdp2_step`'s, and every parameter's placements and local shape are
     :func:`expected_layout`'s at this rank's dp coordinate (16 rows over 3 dp ranks: 6, 6, 4)."""
     from torch.distributed.fsdp import fully_shard
