@@ -263,6 +263,10 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
      "an orphaned rank's exit code: its only reader, the launching process, is gone"),
     ("guide.launcher.rank_main.x__watch_parent", "time.sleep(2.0)",
      "a slower poll, same outcome"),
+    # guide.world_sizes
+    ("guide.world_sizes.x__script",
+     'path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else '
+     '"XXXX")', '"" and "XXXX" both fail endswith(".py"): the name is "example.py" either way'),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

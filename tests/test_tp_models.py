@@ -91,6 +91,8 @@ def test_the_estimate_is_korthikantis_formula_and_the_layer_divided_by_tp(tp: in
     sp = tp_fsdp_estimate(arch, 64, tp, s, micro_batch=b, sequence_parallel=True, param_bytes=4)
     assert sp.activation_bytes == LAYERS * 34 * sbh // tp
     assert sp.gathered_layer_bytes == LAYER_PARAMS * 4 // tp
+    for e in (est, sp):  # whole bytes and ranks (a page prints them): ints, not 6.0
+        assert {f: type(v) for f, v in vars(e).items()} == dict.fromkeys(vars(e), int)
 
 
 def test_the_gathered_layer_is_a_layer_not_the_embeddings_even_with_one_layer() -> None:
