@@ -263,6 +263,14 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
      "an orphaned rank's exit code: its only reader, the launching process, is gone"),
     ("guide.launcher.rank_main.x__watch_parent", "time.sleep(2.0)",
      "a slower poll, same outcome"),
+    # guide.comm.tp
+    ("guide.comm.tp.x__group_ranks",
+     'elif hasattr(group, "get_group") or hasattr(group, "ndim") and group.ndim == 1:',
+     "only a DeviceMesh has get_group, and a 2-D one is no group either way (get_group() and "
+     "get_process_group_ranks both raise)"),
+    ("guide.comm.tp.x__group_ranks",
+     "group = group if (group is not None) or True else dist.group.WORLD",
+     "get_process_group_ranks(None) is the default group's ranks, as of WORLD"),
     # guide.world_sizes
     ("guide.world_sizes.x__script",
      'path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else '

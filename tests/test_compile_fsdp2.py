@@ -120,3 +120,9 @@ def test_frames_count_each_compiled_frame_and_break_reasons_name_each_break() ->
     rep = compiled.report()
     assert rep.graph_breaks == 3
     assert rep.break_reasons[-1] == "a reason Dynamo gave up on"
+
+
+def test_short_reason_drops_a_chained_break_with_no_text() -> None:
+    chained = "*** While handling this graph break, another graph break occurred: ***"
+    assert compiled.short_reason(f"first\n  more\n{chained}\n  \n") == "first"
+    assert compiled.short_reason("") == ""
