@@ -271,6 +271,12 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("guide.comm.tp.x__group_ranks",
      "group = group if (group is not None) or True else dist.group.WORLD",
      "get_process_group_ranks(None) is the default group's ranks, as of WORLD"),
+    ("guide.comm.tp.x\u01c1MeshLog\u01c1__enter__",
+     'for module, table, api in ((dist, _C10D, "c10d"), (funcol, _FUNCOL, "XXfuncolXX")):',
+     '_numel tells the entry points apart by api == "c10d" alone'),
+    ("guide.comm.tp.x\u01c1MeshLog\u01c1__enter__",
+     'for module, table, api in ((dist, _C10D, "c10d"), (funcol, _FUNCOL, "FUNCOL")):',
+     '_numel tells the entry points apart by api == "c10d" alone'),
     # guide.world_sizes
     ("guide.world_sizes.x__script",
      'path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else '

@@ -173,3 +173,21 @@ def test_every_group_form_funcol_takes_is_resolved_to_its_ranks_and_the_log_rest
                                          r"3\), which is no dimension of this rank's mesh "
                                          r"\{\(1, 3\): 'dp', \(0, 1\): 'tp'\}\.$"):
         log.by_dim(mesh)
+
+
+def test_a_name_this_torch_lacks_is_skipped_and_the_rest_still_counted(
+        fake_world, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.9 has no ``all_gather_single`` (the compat runs): the log wraps every other name."""
+    fake_world(0, 2)
+    monkeypatch.delattr(dist, "all_gather_single", raising=False)
+    with MeshLog() as log:
+        dist.all_reduce(torch.ones(3))
+    assert [(c.kind, c.numel) for c, _ in log.records] == [("all_reduce", 3)]
+    assert not hasattr(dist, "all_gather_single")
+
+
+def test_a_nested_log_is_refused_with_the_fix() -> None:
+    with MeshLog():
+        with pytest.raises(ValueError, match=r"^a MeshLog is already active in this process; "
+                                             r"close it first\.$"):
+            MeshLog().__enter__()
