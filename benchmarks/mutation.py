@@ -277,6 +277,25 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("guide.comm.tp.x\u01c1MeshLog\u01c1__enter__",
      'for module, table, api in ((dist, _C10D, "c10d"), (funcol, _FUNCOL, "FUNCOL")):',
      '_numel tells the entry points apart by api == "c10d" alone'),
+    # guide.tensor_parallel
+    ("guide.tensor_parallel.x\u01c1TPBlock\u01c1__init__",
+     "self.q, self.k, self.v = (nn.Linear(d, d, bias=None) for _ in range(3))",
+     "nn.Linear reads bias as a truth value: None is False"),
+    ("guide.tensor_parallel.x_build_tp_model", "with torch.random.fork_rng(devices=None):",
+     "None also forks the CUDA generators; the weights come from the CPU one either way"),
+    ("guide.tensor_parallel.x__kind_of",
+     'return kinds.get(parts[+2]) if name.startswith("blocks.") and len(parts) >= 2 else None',
+     "a block parameter is blocks.<i>.<module>.<param>: parts[2] is parts[-2]"),
+    ("guide.tensor_parallel.x__kind_of",
+     'return kinds.get(parts[-2]) if name.startswith("blocks.") and len(parts) > 2 else None',
+     "a name starting with 'blocks.' has at least 3 parts (blocks.<i>.<param>)"),
+    ("guide.tensor_parallel.x__kind_of",
+     'return kinds.get(parts[-2]) if name.startswith("blocks.") and len(parts) >= 3 else None',
+     "a name starting with 'blocks.' has at least 3 parts (blocks.<i>.<param>)"),
+    # docs/world_sizes_ext.py
+    ("docs.world_sizes_ext.x__header_line",
+     "line = header(declared(_examples_dir(app) / f\"{docname.split('/')[+1]}.py\"))",
+     "a gallery page is auto_examples/<stem>: index 1 is index -1"),
     # guide.world_sizes
     ("guide.world_sizes.x__script",
      'path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else '

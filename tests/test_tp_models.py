@@ -192,3 +192,4 @@ def test_the_tp_model_depends_only_on_its_seed_and_leaves_the_global_rng_alone()
     assert {p.device.type for p in default.parameters()} == {"cpu"}
     assert [type(b).__name__ for b in default.blocks] == ["TPBlock"] * CFG.n_layers
     assert default.blocks[0].q.bias is None and default.blocks[0].proj.bias is not None
+    assert {p.device.type for p in build_tp_model(CFG, device="meta").parameters()} == {"meta"}

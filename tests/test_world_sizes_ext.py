@@ -81,6 +81,9 @@ def test_the_directive_lists_each_example_under_the_sizes_it_declares(ext, tmp_p
     assert {Path(d).name for d in app.env.dependencies["index"]} == \
         {f"{stem}.py" for stem in EXAMPLES}
     assert app.config.world_sizes_examples_dir == "../examples"
+    assert app.config._options["world_sizes_examples_dir"].rebuild == "env"  # a new dir rereads
+    refs = list(app.env.get_doctree("index").findall(ext.addnodes.pending_xref))
+    assert {r["refdoc"] for r in refs} == {"index"} and len(refs) == len(EXAMPLES)
 
 
 def test_the_list_nodes_link_each_page_and_keep_each_reason(ext) -> None:
@@ -125,3 +128,24 @@ def test_the_examples_are_read_in_file_name_order_and_an_empty_gallery_is_refuse
     app.config.world_sizes_examples_dir = str(empty)
     with pytest.raises(ValueError, match="no plot_.*world_sizes_examples_dir"):
         ext.contracts(app)
+
+
+def test_the_header_line_goes_under_the_one_title_or_the_page_is_refused(ext) -> None:
+    from types import SimpleNamespace
+
+    app = SimpleNamespace(srcdir=str(ROOT / "docs"),
+                          config=SimpleNamespace(world_sizes_examples_dir="../examples"))
+    title = ".. _sphx_glr_auto_examples_plot_hsdp.py:\n\nHSDP\n====\n"
+    page = [title + "\nText.\n"]
+    ext._header_line(app, "auto_examples/plot_hsdp", page)
+    assert page[0].count(".. rst-class:: world-sizes") == 1
+    other = ["Not a gallery page\n==================\n"]
+    ext._header_line(app, "pages/cluster", other)
+    assert other == ["Not a gallery page\n==================\n"]
+    twice = [title + "\n" + title]  # a label repeated further down: the first title only
+    ext._header_line(app, "auto_examples/plot_hsdp", twice)
+    assert twice[0].count(".. rst-class:: world-sizes") == 1
+    assert twice[0].index("world-sizes") < twice[0].rindex("HSDP\n====")
+    with pytest.raises(ValueError, match=r"^auto_examples/plot_hsdp: no title found to put "
+                                         r"the world-size line under\.$"):
+        ext._header_line(app, "auto_examples/plot_hsdp", ["no title here\n"])
