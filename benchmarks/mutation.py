@@ -296,6 +296,15 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("docs.world_sizes_ext.x__header_line",
      "line = header(declared(_examples_dir(app) / f\"{docname.split('/')[+1]}.py\"))",
      "a gallery page is auto_examples/<stem>: index 1 is index -1"),
+    ("docs.world_sizes_ext.x_world_sizes_list",
+     'ref = addnodes.pending_xref(None, refdomain="std", reftype="doc",',
+     "a pending_xref's rawsource is never rendered nor read"),
+    ("docs.world_sizes_ext.x_world_sizes_list",
+     'ref = addnodes.pending_xref("XXXX", refdomain="std", reftype="doc",',
+     "a pending_xref's rawsource is never rendered nor read"),
+    ("docs.world_sizes_ext.x_world_sizes_list",
+     'ref = addnodes.pending_xref(refdomain="std", reftype="doc",',
+     "a pending_xref's rawsource is never rendered nor read (its default is '')"),
     # guide.world_sizes
     ("guide.world_sizes.x__script",
      'path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else '

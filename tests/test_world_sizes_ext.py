@@ -96,6 +96,11 @@ def test_the_list_nodes_link_each_page_and_keep_each_reason(ext) -> None:
     texts = [item.astext() for item in items.children]
     assert texts == ["2 and 4 ranks: plot_z", "4 ranks: plot_y (why y)",
                      "4 and 8 ranks: plot_x (why x)"]
+    paragraphs = [item.children[0] for item in items.children]
+    assert all(type(p) is ext.nodes.paragraph for p in paragraphs)
+    assert [p.children[0].astext() for p in paragraphs] == \
+        ["2 and 4 ranks: ", "4 ranks: ", "4 and 8 ranks: "]  # only the sizes in bold
+    assert all(type(p.children[0]) is ext.nodes.strong for p in paragraphs)
     refs = [ref for item in items.children for ref in item.findall(ext.addnodes.pending_xref)]
     assert [(r["reftarget"], r["refdoc"], r["refdomain"], r["reftype"]) for r in refs] == [
         (f"/auto_examples/{stem}", "pages/cluster", "std", "doc")
@@ -149,3 +154,16 @@ def test_the_header_line_goes_under_the_one_title_or_the_page_is_refused(ext) ->
     with pytest.raises(ValueError, match=r"^auto_examples/plot_hsdp: no title found to put "
                                          r"the world-size line under\.$"):
         ext._header_line(app, "auto_examples/plot_hsdp", ["no title here\n"])
+
+
+def test_setup_registers_the_option_the_directive_and_the_hook_and_is_parallel_safe(ext) -> None:
+    from types import SimpleNamespace
+
+    calls = []
+    app = SimpleNamespace(add_config_value=lambda *a: calls.append(("config", *a)),
+                          add_directive=lambda *a: calls.append(("directive", *a)),
+                          connect=lambda *a: calls.append(("connect", *a)))
+    assert ext.setup(app) == {"parallel_read_safe": True, "parallel_write_safe": True}
+    assert calls == [("config", "world_sizes_examples_dir", "../examples", "env"),
+                     ("directive", "world-sizes", ext.WorldSizes),
+                     ("connect", "source-read", ext._header_line)]
