@@ -306,6 +306,12 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
      'ref = addnodes.pending_xref(refdomain="std", reftype="doc",',
      "a pending_xref's rawsource is never rendered nor read (its default is '')"),
     # guide.world_sizes
+    ("guide.world_sizes.x__name",
+     'return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)',
+     "a callee with no name (f()(), a[0]()) is not world_size, whatever it is called here"),
+    ("guide.world_sizes.x__name",
+     'return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "XXXX")',
+     "a callee with no name (f()(), a[0]()) is not world_size, whatever it is called here"),
     ("guide.world_sizes.x__script",
      'path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else '
      '"XXXX")', '"" and "XXXX" both fail endswith(".py"): the name is "example.py" either way'),

@@ -292,3 +292,11 @@ def test_declared_names_the_file_and_what_it_found(tmp_path: Path) -> None:
                                          r"use literal values \(the docs read it without running "
                                          r"the page\)\.$"):
         declared(page)
+
+
+def test_a_page_that_does_not_parse_is_named_in_the_syntax_error(tmp_path: Path) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text("N = guide.world_size(2, supports=(2,)\n")
+    with pytest.raises(SyntaxError) as err:
+        declared(page)
+    assert err.value.filename == str(page)
