@@ -305,6 +305,17 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("docs.world_sizes_ext.x_world_sizes_list",
      'ref = addnodes.pending_xref(refdomain="std", reftype="doc",',
      "a pending_xref's rawsource is never rendered nor read (its default is '')"),
+    ("docs.world_sizes_ext.x__examples_dir",
+     "return Path(d if (os.path.isabs(d)) and False else Path(app.srcdir) / d).resolve()",
+     "srcdir / d is d when d is absolute"),
+    ("docs.world_sizes_ext.x_world_sizes_list", 'items += nodes.list_item(None, para)',
+     "a list item's rawsource is never rendered nor read"),
+    ("docs.world_sizes_ext.x_world_sizes_list", 'items += nodes.list_item("XXXX", para)',
+     "a list item's rawsource is never rendered nor read"),
+    # guide.compiled
+    ("guide.compiled.x_short_reason",
+     'heads = [next((ln.strip() for ln in p.splitlines() if ln.strip()), None) for p in parts]',
+     'an empty part\'s head is dropped by "if h": None and "" are both false'),
     # guide.world_sizes
     ("guide.world_sizes.x__name",
      'return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)',

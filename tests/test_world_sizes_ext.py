@@ -131,7 +131,8 @@ def test_the_examples_are_read_in_file_name_order_and_an_empty_gallery_is_refuse
     empty = tmp_path / "empty"
     empty.mkdir()
     app.config.world_sizes_examples_dir = str(empty)
-    with pytest.raises(ValueError, match="no plot_.*world_sizes_examples_dir"):
+    with pytest.raises(ValueError, match=rf"^no plot_\*\.py examples in {empty} "
+                                         r"\(world_sizes_examples_dir\)$"):
         ext.contracts(app)
 
 
