@@ -69,6 +69,12 @@ SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
     "guide.memory.measured": ("src/guide/memory/measured.py", ("guide.memory.measured.*",)),
     "guide.memory.predicted": ("src/guide/memory/predicted.py", ("guide.memory.predicted.*",)),
     "docs/ledger_ext.py": ("docs/ledger_ext.py", ("docs.ledger_ext.*",)),
+    # issue 38's audit: this month's modules, whose planted bugs no test noticed
+    "guide.comm.tp": ("src/guide/comm/tp.py", ("guide.comm.tp.*",)),
+    "guide.tensor_parallel": ("src/guide/tensor_parallel.py", ("guide.tensor_parallel.*",)),
+    "guide.compiled": ("src/guide/compiled.py", ("guide.compiled.*",)),
+    "guide.world_sizes": ("src/guide/world_sizes.py", ("guide.world_sizes.*",)),
+    "docs/world_sizes_ext.py": ("docs/world_sizes_ext.py", ("docs.world_sizes_ext.*",)),
 }
 
 #: Kill rate every module must reach.
@@ -93,6 +99,8 @@ _LAUNCHER = ("tests/launcher/test_failure_records.py", "tests/launcher/test_supe
              "test_a_launcher_whose_deadline_never_fires_is_failed_by_the_timeout")
 _CHECKS, _SUPERVISE = "src/guide/checks.py", "src/guide/launcher/supervise.py"
 _COMM_CHECKS = "src/guide/comm/checks.py"
+_TP = ("tests/comm/test_tp_in_process.py", "tests/test_tp_models.py")
+_TP_COMM = "src/guide/comm/tp.py"
 #: mutmut does not mutate module-level constants, nor delete half of a condition: the tolerances,
 #: each 10x looser and 10x tighter, and the bugs of the audit that asked for this tool (issue 19:
 #: LOSS_TOL 1e-5 -> 1e-2 and PARAM_TOL["sgd"] 1e-6 -> 1e-3 passed every test, and so did the
@@ -158,6 +166,29 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
                "return [tuple(q.shape) for q in model.parameters()]",
                "return [tuple(getattr(q, '_local_tensor', q).shape) for q in model.parameters()]",
                ("tests/memory/test_measured.py",)),
+    # issue 38's audit: this month's modules (each one of its planted bugs that went unnoticed)
+    HandMutant("src/guide/world_sizes.py", "    if got in contract.supports:\n        return 0",
+               "    if got >= contract.default:\n        return 0",
+               ("tests/test_world_sizes.py", "-kslurm_check")),
+    HandMutant("src/guide/world_sizes.py",
+               'supports = tuple(ast.literal_eval(kwargs["supports"]))',
+               'supports = tuple(sorted(set(ast.literal_eval(kwargs["supports"]))))',
+               ("tests/test_world_sizes.py", "-kdeclared")),
+    HandMutant("src/guide/tensor_parallel.py", "chunk_rows(shape[0], dp_rank, dp)",
+               "chunk_rows(shape[0], 0, dp)", _TP),
+    HandMutant(_TP_COMM, "else sbh * whole + sbh * split // tp)",
+               "else sbh * (whole + split) // tp)", _TP),
+    HandMutant(_TP_COMM, "    return fwd + bwd", "    return fwd", _TP),
+    HandMutant(_TP_COMM, "arch.fsdp2_units()[1])", "arch.fsdp2_units()[0])", _TP),
+    HandMutant(_TP_COMM, "return (t.numel() * n if kind", "return (t.numel() if kind", _TP),
+    HandMutant(_TP_COMM,
+               'phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"',
+               'phase = "forward"', _TP),
+    HandMutant("src/guide/compiled.py", "frames=sum(m.is_forward is not False for m in metrics)",
+               "frames=len(metrics)", ("tests/test_compile_fsdp2.py", "-klazy")),
+    HandMutant("src/guide/memory/finetune.py", "for s in layer if len(s) == 2]",
+               "for s in layer if len(s) == 2 and s[0] == s[1]]",
+               ("tests/test_lora_adapters.py",)),
 )
 
 #: Survivors that are not bugs: (function, the mutated line as ``mutmut show`` prints it after its
@@ -232,6 +263,69 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
      "an orphaned rank's exit code: its only reader, the launching process, is gone"),
     ("guide.launcher.rank_main.x__watch_parent", "time.sleep(2.0)",
      "a slower poll, same outcome"),
+    # guide.comm.tp
+    ("guide.comm.tp.x__group_ranks",
+     'elif hasattr(group, "get_group") or hasattr(group, "ndim") and group.ndim == 1:',
+     "only a DeviceMesh has get_group, and a 2-D one is no group either way (get_group() and "
+     "get_process_group_ranks both raise)"),
+    ("guide.comm.tp.x__group_ranks",
+     "group = group if (group is not None) or True else dist.group.WORLD",
+     "get_process_group_ranks(None) is the default group's ranks, as of WORLD"),
+    ("guide.comm.tp.x\u01c1MeshLog\u01c1__enter__",
+     'for module, table, api in ((dist, _C10D, "c10d"), (funcol, _FUNCOL, "XXfuncolXX")):',
+     '_numel tells the entry points apart by api == "c10d" alone'),
+    ("guide.comm.tp.x\u01c1MeshLog\u01c1__enter__",
+     'for module, table, api in ((dist, _C10D, "c10d"), (funcol, _FUNCOL, "FUNCOL")):',
+     '_numel tells the entry points apart by api == "c10d" alone'),
+    # guide.tensor_parallel
+    ("guide.tensor_parallel.x\u01c1TPBlock\u01c1__init__",
+     "self.q, self.k, self.v = (nn.Linear(d, d, bias=None) for _ in range(3))",
+     "nn.Linear reads bias as a truth value: None is False"),
+    ("guide.tensor_parallel.x_build_tp_model", "with torch.random.fork_rng(devices=None):",
+     "None also forks the CUDA generators; the weights come from the CPU one either way"),
+    ("guide.tensor_parallel.x__kind_of",
+     'return kinds.get(parts[+2]) if name.startswith("blocks.") and len(parts) >= 2 else None',
+     "a block parameter is blocks.<i>.<module>.<param>: parts[2] is parts[-2]"),
+    ("guide.tensor_parallel.x__kind_of",
+     'return kinds.get(parts[-2]) if name.startswith("blocks.") and len(parts) > 2 else None',
+     "a name starting with 'blocks.' has at least 3 parts (blocks.<i>.<param>)"),
+    ("guide.tensor_parallel.x__kind_of",
+     'return kinds.get(parts[-2]) if name.startswith("blocks.") and len(parts) >= 3 else None',
+     "a name starting with 'blocks.' has at least 3 parts (blocks.<i>.<param>)"),
+    # docs/world_sizes_ext.py
+    ("docs.world_sizes_ext.x__header_line",
+     "line = header(declared(_examples_dir(app) / f\"{docname.split('/')[+1]}.py\"))",
+     "a gallery page is auto_examples/<stem>: index 1 is index -1"),
+    ("docs.world_sizes_ext.x_world_sizes_list",
+     'ref = addnodes.pending_xref(None, refdomain="std", reftype="doc",',
+     "a pending_xref's rawsource is never rendered nor read"),
+    ("docs.world_sizes_ext.x_world_sizes_list",
+     'ref = addnodes.pending_xref("XXXX", refdomain="std", reftype="doc",',
+     "a pending_xref's rawsource is never rendered nor read"),
+    ("docs.world_sizes_ext.x_world_sizes_list",
+     'ref = addnodes.pending_xref(refdomain="std", reftype="doc",',
+     "a pending_xref's rawsource is never rendered nor read (its default is '')"),
+    ("docs.world_sizes_ext.x__examples_dir",
+     "return Path(d if (os.path.isabs(d)) and False else Path(app.srcdir) / d).resolve()",
+     "srcdir / d is d when d is absolute"),
+    ("docs.world_sizes_ext.x_world_sizes_list", 'items += nodes.list_item(None, para)',
+     "a list item's rawsource is never rendered nor read"),
+    ("docs.world_sizes_ext.x_world_sizes_list", 'items += nodes.list_item("XXXX", para)',
+     "a list item's rawsource is never rendered nor read"),
+    # guide.compiled
+    ("guide.compiled.x_short_reason",
+     'heads = [next((ln.strip() for ln in p.splitlines() if ln.strip()), None) for p in parts]',
+     'an empty part\'s head is dropped by "if h": None and "" are both false'),
+    # guide.world_sizes
+    ("guide.world_sizes.x__name",
+     'return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)',
+     "a callee with no name (f()(), a[0]()) is not world_size, whatever it is called here"),
+    ("guide.world_sizes.x__name",
+     'return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "XXXX")',
+     "a callee with no name (f()(), a[0]()) is not world_size, whatever it is called here"),
+    ("guide.world_sizes.x__script",
+     'path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else '
+     '"XXXX")', '"" and "XXXX" both fail endswith(".py"): the name is "example.py" either way'),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -38,31 +38,40 @@ def contracts(app) -> dict[str, object]:
     return found
 
 
+def world_sizes_list(found: dict[str, object], docname: str) -> nodes.bullet_list:
+    """The directive's list, from ``{stem: Contract}``: one item per set of supported sizes (the
+    biggest group first, then by sizes), naming each example that declares exactly that set, with
+    a link to its page and its reason if it has one."""
+    groups: dict[tuple, list[tuple[str, str]]] = {}
+    for stem, c in found.items():
+        groups.setdefault(c.supports, []).append((stem, c.why))
+    items = nodes.bullet_list(classes=["world-sizes"])  # declarations, not measurements
+    for sizes, members in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
+        para = nodes.paragraph()
+        para += nodes.strong(text=f"{english(sizes)} ranks: ")
+        for i, (stem, why) in enumerate(members):
+            if i:
+                para += nodes.Text(", ")
+            ref = addnodes.pending_xref("", refdomain="std", reftype="doc",
+                                        reftarget=f"/{GALLERY}/{stem}", refexplicit=True,
+                                        refdoc=docname, refwarn=True)
+            ref += nodes.literal(text=stem)
+            para += ref
+            if why:
+                para += nodes.Text(f" ({why})")
+        items += nodes.list_item("", para)
+    return items
+
+
 class WorldSizes(SphinxDirective):
     """A list: for each set of supported sizes, the examples that declare it (and why, if
     restricted)."""
 
     def run(self) -> list[nodes.Node]:
-        groups: dict[tuple, list[tuple[str, str]]] = {}
-        for stem, c in contracts(self.env.app).items():
-            groups.setdefault(c.supports, []).append((stem, c.why))
+        found = contracts(self.env.app)
+        for stem in found:
             self.env.note_dependency(str(_examples_dir(self.env.app) / f"{stem}.py"))
-        items = nodes.bullet_list(classes=["world-sizes"])  # declarations, not measurements
-        for sizes, members in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
-            para = nodes.paragraph()
-            para += nodes.strong(text=f"{english(sizes)} ranks: ")
-            for i, (stem, why) in enumerate(members):
-                if i:
-                    para += nodes.Text(", ")
-                ref = addnodes.pending_xref("", refdomain="std", reftype="doc",
-                                            reftarget=f"/{GALLERY}/{stem}", refexplicit=True,
-                                            refdoc=self.env.docname, refwarn=True)
-                ref += nodes.literal(text=stem)
-                para += ref
-                if why:
-                    para += nodes.Text(f" ({why})")
-            items += nodes.list_item("", para)
-        return [items]
+        return [world_sizes_list(found, self.env.docname)]
 
 
 _TITLE = re.compile(r"^(\.\. _sphx_glr_.*?:\n(?:[ \t]*\n)+.+\n=+\n)", re.MULTILINE)

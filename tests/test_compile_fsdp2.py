@@ -81,3 +81,48 @@ def test_short_reason_keeps_the_first_line_of_each_chained_break() -> None:
             "graph break in loop\n  Explanation: ...")
     assert compiled.short_reason(text) == ("Attempted to call function marked as skipped -> "
                                            "graph break in loop")
+
+
+def test_a_lazy_backward_compilation_is_not_a_frame() -> None:
+    """With AOTAutograd (``aot_eager``, as inductor does) the first backward compiles the backward
+    graph lazily and Dynamo logs it as a second compilation (``is_forward=False``): one frame was
+    compiled, not two, and its compile time is the forward entry's."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    compiled.reset()
+    block = Scaled(0.5)
+    block.compile(backend="aot_eager", fullgraph=True)
+    block(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    metrics = get_compilation_metrics()
+    assert [m.is_forward for m in metrics] == [True, False]  # what the guard is for
+    rep = compiled.report()
+    assert (rep.frames, rep.graphs, rep.recompiles, rep.graph_breaks) == (1, 1, 0, 0)
+    assert rep.compile_seconds == metrics[0].entire_frame_compile_time_s > 0
+
+
+def test_frames_count_each_compiled_frame_and_break_reasons_name_each_break() -> None:
+    """A graph break splits one function into two compiled frames; a frame Dynamo gives up on
+    (``unimplemented``) is counted with the resumed breaks."""
+    compiled.reset()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+    torch.compile(f, backend="eager")(torch.ones(3))
+    rep = compiled.report()
+    assert rep.frames == 2 and rep.ops_captured == 2
+    assert len(rep.break_reasons) == 1 and "graph_break" in rep.break_reasons[0]
+    from torch._dynamo.utils import counters
+
+    counters["unimplemented"]["a reason Dynamo gave up on\n  Explanation: ..."] += 2
+    rep = compiled.report()
+    assert rep.graph_breaks == 3
+    assert rep.break_reasons[-1] == "a reason Dynamo gave up on"
+
+
+def test_short_reason_drops_a_chained_break_with_no_text() -> None:
+    chained = "*** While handling this graph break, another graph break occurred: ***"
+    assert compiled.short_reason(f"first\n  more\n{chained}\n  \n") == "first"
+    assert compiled.short_reason("") == ""

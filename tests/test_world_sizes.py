@@ -234,3 +234,130 @@ def test_each_page_header_line_states_the_declared_sizes() -> None:
     assert "====\n\n.. rst-class:: world-sizes" in two_blank_lines[0]
     with pytest.raises(ValueError, match="no title"):
         _header_line(app, "auto_examples/plot_hsdp", ["no title here\n"])
+
+
+@pytest.mark.parametrize("got", [1, 2, 3, 5, 6, 7, 16])
+def test_the_slurm_check_refuses_every_size_outside_the_list(tmp_path: Path, got: int,
+                                                             capsys) -> None:
+    """Sizes above the default that the list lacks (5, 6, 16 for 4-and-8) are refused too: the
+    check is membership, not a bound."""
+    page = tmp_path / "plot_x.py"
+    page.write_text('N = guide.world_size(4, supports=(4, 8), why="a 2-D mesh")\n')
+    assert main([str(page), str(got)]) == 2
+    assert capsys.readouterr().err == (
+        f"plot_x supports 4 and 8 ranks (a 2-D mesh); you started {got}. Run `torchrun "
+        "--standalone --nproc-per-node=4 plot_x.py`, or `python plot_x.py` (4 ranks).\n")
+    assert main([str(page), "4"]) == 0 and main([str(page), "8"]) == 0
+
+
+@pytest.mark.parametrize("argv", [[], ["plot_x.py"], ["plot_x.py", "four"],
+                                  ["plot_x.py", "4", "8"], ["plot_x.py", "-4"]])
+def test_the_slurm_check_refuses_a_malformed_command_line(argv: list, capsys) -> None:
+    assert main(argv) == 2
+    assert capsys.readouterr().err == "usage: EXAMPLE.py RANKS\n"
+
+
+@pytest.mark.parametrize("supports", ["(8, 4)", "(4, 4, 8)", "[8, 4]"])
+def test_declared_reads_the_sizes_as_written_and_refuses_unsorted_or_repeated_ones(
+        tmp_path: Path, supports: str) -> None:
+    """The docs must show what the example says: an unsorted or repeated list is an error in the
+    example, not something to tidy silently."""
+    page = tmp_path / "plot_x.py"
+    page.write_text(f"N = guide.world_size(4, supports={supports})\n")
+    with pytest.raises(ValueError, match="increasing and distinct"):
+        declared(page)
+
+
+def test_declared_returns_the_default_sizes_and_reason_as_written(tmp_path: Path) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text('import guide\nN = guide.world_size(2, supports=[1, 2, 8], why="w")\n')
+    assert declared(page) == Contract(2, (1, 2, 8), "w")
+    page.write_text("from guide import world_size\nN = world_size(8, supports=(8,))\n")
+    assert declared(page) == Contract(8, (8,), "")
+    page.write_text("N = guide.world_size(2, supports=(2,), reason='typo')\n")
+    with pytest.raises(ValueError, match=r"plot_x.py, line 1: declare the world sizes"):
+        declared(page)
+
+
+def test_english_and_the_header_name_every_size_and_the_reason() -> None:
+    assert english((8,)) == "8" and english((2, 4)) == "2 and 4"
+    assert english((1, 2, 4, 8)) == "1, 2, 4 and 8"
+    assert header(Contract(4, (4, 8), "why")) == "World sizes under torchrun: 4 and 8 ranks (why)."
+    assert header(Contract(2, (1, 2))) == "World sizes under torchrun: 1 and 2 ranks."
+    assert Contract(2, (1, 2)).message(3, "x/plot_y.py") == (
+        "plot_y supports 1 and 2 ranks; you started 3. Run `torchrun --standalone "
+        "--nproc-per-node=2 plot_y.py`, or `python plot_y.py` (2 ranks).")
+
+
+@pytest.mark.parametrize("supports", [(True, 2), (2, 2.0), (2, "4")])
+def test_a_contract_of_non_int_sizes_is_refused(supports: tuple) -> None:
+    with pytest.raises(ValueError, match="positive ints"):
+        Contract(2, supports)
+
+
+def test_the_default_outside_the_list_names_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"default world size 2 is not among the supported "
+                                         r"sizes 4 and 8: add it, or change the default"):
+        Contract(2, (4, 8))
+
+
+def test_the_message_names_the_running_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No script given: the file ``python`` ran (``__main__``), else ``argv[0]``, else (a notebook,
+    a REPL) a placeholder."""
+    from types import SimpleNamespace
+
+    contract = Contract(4, (4,))
+    monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace(__file__="/x/plot_main.py"))
+    with pytest.raises(UnsupportedWorldSize,
+                       match=r"^plot_main supports 4 ranks; .*plot_main\.py`"):
+        check(2, contract)
+    monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace())
+    monkeypatch.setattr(sys, "argv", ["/y/plot_argv.py", "--flag"])
+    with pytest.raises(UnsupportedWorldSize, match=r"^plot_argv supports"):
+        check(2, contract)
+    for argv in ([""], [], ["ipykernel_launcher"]):
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(UnsupportedWorldSize, match=r"^example supports 4 ranks; you started "
+                                                       r"2\. Run `torchrun --standalone "
+                                                       r"--nproc-per-node=4 example\.py`"):
+            check(2, contract)
+    assert check(4, contract, "whatever.py") == 4
+
+
+@pytest.mark.parametrize("text", [
+    "N = guide.world_size(2, 4, supports=(2, 4))\n",
+    "N = guide.world_size(supports=(2, 4))\n",
+    "N = guide.world_size(2, supports=(2, 4), why='w', default=2)\n",
+])
+def test_a_declaration_with_the_wrong_arguments_names_its_line(tmp_path: Path, text: str) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text("import guide\n\n" + text)
+    with pytest.raises(ValueError, match=r"^plot_x\.py, line 3: declare the world sizes as "
+                                         r"guide\.world_size\(default, supports=\(\.\.\.\), "
+                                         r"why='\.\.\.'\)\.$"):
+        declared(page)
+
+
+def test_declared_names_the_file_and_what_it_found(tmp_path: Path) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text("N = guide.world_size(2, supports=(2,))\nM = world_size(2, supports=(2,))\n")
+    with pytest.raises(ValueError, match=r"^plot_x\.py: expected one guide\.world_size\(\.\.\.\) "
+                                         r"call declaring its world sizes, found 2\.$"):
+        declared(page)
+    page.write_text("f()()\nN = g.world_sizes(2)\n")
+    with pytest.raises(NoDeclaration, match=r"^plot_x\.py: no guide\.world_size\(\.\.\.\) call "
+                                            r"declares its world sizes\.$"):
+        declared(page)
+    page.write_text("N = guide.world_size(2, supports=(2,), why=WHY)\n")
+    with pytest.raises(ValueError, match=r"^plot_x\.py, line 1: the world-size declaration must "
+                                         r"use literal values \(the docs read it without running "
+                                         r"the page\)\.$"):
+        declared(page)
+
+
+def test_a_page_that_does_not_parse_is_named_in_the_syntax_error(tmp_path: Path) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text("N = guide.world_size(2, supports=(2,)\n")
+    with pytest.raises(SyntaxError) as err:
+        declared(page)
+    assert err.value.filename == str(page)
