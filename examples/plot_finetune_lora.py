@@ -464,7 +464,9 @@ with torch.device("meta"):
 FROZEN = [tuple(p.shape) for p in SHAPED.parameters() if not p.requires_grad]
 TRAINABLE = [tuple(p.shape) for p in SHAPED.parameters() if p.requires_grad]
 N = WORLD_SIZE
-linears = [tuple(m.weight.shape) for m in SHAPED.modules() if isinstance(m, LoRALinear)]
+with torch.device("meta"):  # the base's own block linears: an adapter rule that skips one fails
+    linears = [tuple(m.weight.shape) for m in PretrainedLM(CFG).blocks.modules()
+               if type(m) is nn.Linear]
 checks.expect("adapters only", "add_lora", TRAINABLE == lora_shapes(linears, LORA_RANK),
               f"trainable shapes {TRAINABLE[:4]}..., a rank-{LORA_RANK} LoRA of the block linears "
               "is (r, d_in), (d_out, r) each: is the base frozen?")

@@ -85,6 +85,10 @@ FAULTS = {
     "buffer_not_reinitialised": ([(INIT_BUFFERS, "    load_pretrained(")],
                                  r"\[pretrained load\] rank \d: the non-persistent buffer is not "
                                  r"the sinusoids"),
+    # adapters on square weights only (issue 38's audit): GQA's k/v and the MLP go without.
+    "square_only": ([("            if type(child) is nn.Linear:\n",
+                      "            if type(child) is nn.Linear and len(set(child.weight.shape)) == 1:\n")],
+                    r"\[adapters only\] add_lora: .*is the base frozen\?"),
     # add_lora forgets to freeze the base: everything trains, reference included.
     "base_not_frozen": ([(FREEZE, "    for block in model.blocks:\n")],
                         r"\[adapters only\] add_lora: .*is the base frozen\?"),
