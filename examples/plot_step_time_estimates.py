@@ -357,7 +357,10 @@ CANDIDATES = (16, 32, 64)
 SCAN_SHARDS = tuple(s for s in CANDIDATES if fit(Strategy.FSDP2, s, SEQ_SCAN)[0] != "does not fit")
 for s in CANDIDATES:
     verdict, headroom, _ = fit(Strategy.FSDP2, s, SEQ_SCAN)
-    print(f"HSDP shard {s}, {SEQ_SCAN:,} tokens: {verdict}, headroom {headroom / GiB:.1f} GiB "
+    headroom = ledger.claim(f"step_time.hsdp_shard{s}.s{SEQ_SCAN}.headroom", headroom / GiB,
+                            "GiB", fmt=".1f", seq_len=SEQ_SCAN, model="llama-3-70b",
+                            precision=PRECISION)
+    print(f"HSDP shard {s}, {SEQ_SCAN:,} tokens: {verdict}, headroom {headroom:.1f} GiB "
           "(FSDP2's buffers included)")
 # The verdict at the top names the smallest shard group that holds the model: rewrite it if not.
 smallest = ledger.claim("step_time.hsdp.smallest_shard_group", SCAN_SHARDS[0], "GPUs",

@@ -30,7 +30,7 @@ def test_a_dropped_part_is_caught_naming_the_run(monkeypatch):
     real = published.activation_bytes
     monkeypatch.setattr(published, "activation_bytes", lambda arch, s, b, **kw: real(
         arch, s, b, **kw) - logits_bytes(arch, s, b))
-    with pytest.raises(published.DriftedPrediction, match=r"run 1 \(Llama 3.1 8B, 8 GPUs, "
+    with pytest.raises(published.DriftedPrediction, match=r"run 1 \(Llama-3.1-8B, 8 GPUs, "
                        r"eager, Table 1 .*\): predicted .* GiB against the published 82.4 GiB"):
         published.check(published.PUBLISHED[0])
 
