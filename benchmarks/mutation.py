@@ -69,6 +69,9 @@ SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
     "guide.memory.measured": ("src/guide/memory/measured.py", ("guide.memory.measured.*",)),
     "guide.memory.predicted": ("src/guide/memory/predicted.py", ("guide.memory.predicted.*",)),
     "docs/ledger_ext.py": ("docs/ledger_ext.py", ("docs.ledger_ext.*",)),
+    # issue 38: the strict scan of rendered numbers, and its reverse (recorded tables rendered)
+    "guide.rendered": ("src/guide/rendered.py", ("guide.rendered.*",)),
+    "guide.rendered_tables": ("src/guide/rendered_tables.py", ("guide.rendered_tables.*",)),
 }
 
 #: Kill rate every module must reach.
@@ -93,6 +96,9 @@ _LAUNCHER = ("tests/launcher/test_failure_records.py", "tests/launcher/test_supe
              "test_a_launcher_whose_deadline_never_fires_is_failed_by_the_timeout")
 _CHECKS, _SUPERVISE = "src/guide/checks.py", "src/guide/launcher/supervise.py"
 _COMM_CHECKS = "src/guide/comm/checks.py"
+_RENDERED = "src/guide/rendered.py"
+_PATHS = ("tests/checks/test_checked_paths.py",)
+_SCAN = ("tests/test_rendered_scan.py",)
 #: mutmut does not mutate module-level constants, nor delete half of a condition: the tolerances,
 #: each 10x looser and 10x tighter, and the bugs of the audit that asked for this tool (issue 19:
 #: LOSS_TOL 1e-5 -> 1e-2 and PARAM_TOL["sgd"] 1e-6 -> 1e-3 passed every test, and so did the
@@ -158,6 +164,43 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
                "return [tuple(q.shape) for q in model.parameters()]",
                "return [tuple(getattr(q, '_local_tensor', q).shape) for q in model.parameters()]",
                ("tests/memory/test_measured.py",)),
+    # issue 38's audit: bugs in the checks' Checked paths, the ledger and the rendered-page scan
+    # that no test noticed
+    HandMutant(_CHECKS, "abs(g - w) / (abs(w) if rel else 1.0)",
+               "abs(g - w) / (abs(g) if rel else 1.0)", _PATHS),
+    HandMutant(_CHECKS, "ok = low < high if strict else low <= high", "ok = low <= high", _PATHS),
+    HandMutant(_CHECKS, "reference=want[r], against=", "reference=want[0], against=", _PATHS),
+    HandMutant("src/guide/checked.py",
+               "isinstance(want, Sequence) and any(isinstance(w, Derived) for w in want))",
+               "False)", _PATHS),
+    HandMutant("src/guide/claims.py", 'd["guard"], d.get("shown", ""))', 'd["guard"])',
+               ("tests/test_claims_fields.py",)),
+    HandMutant(_RENDERED, 'skip = (tag in ("script", "style", "code") or',
+               'skip = (tag in ("script", "style", "code", "table") or', _SCAN),
+    HandMutant(_RENDERED, 'if before.endswith("=") or _in_shape(text, m):',
+               'if "=" in before or _in_shape(text, m):', _SCAN),
+    HandMutant(_RENDERED, '(("." not in num) and _INDEX_WORDS.search(before))',
+               '_INDEX_WORDS.search(before)', _SCAN),
+    HandMutant(_RENDERED, "values = _candidates(records, texts=page == LEDGER_PAGE)",
+               "values = _candidates(records, texts=True)", _SCAN),
+    HandMutant(_RENDERED, "ledger = records if page == LEDGER_PAGE else by_page.get(page, [])",
+               "ledger = records", _SCAN),
+    HandMutant(_RENDERED, '_OUTPUT_HIGHLIGHT = {"highlight-none", "highlight-myst-ansi", '
+               '"highlight-text"}', '_OUTPUT_HIGHLIGHT = {"highlight-none", "highlight-text"}',
+               _SCAN),
+    HandMutant(_RENDERED, '_SKIP_EXACT = {"math", "literal", "claim"}',
+               '_SKIP_EXACT = {"math", "literal", "claim", "cell_output"}', _SCAN),
+    # the scan's module-level grammar, which mutmut does not mutate: each exemption word list
+    # losing its anchor, and a rule widened
+    HandMutant(_RENDERED, r'_VERSION_WORDS = re.compile(r"(?:torch|pytorch|python|cuda|nccl|'
+               r'version|release|v)\s*[≥<>=~]*\s*$",',
+               r'_VERSION_WORDS = re.compile(r"(?:torch|pytorch|python|cuda|nccl|'
+               r'version|release|v).*$",', _SCAN),
+    HandMutant(_RENDERED, r'r"\bphase|\bdim|\br|\bissue|\bpr|\bpull request)\s*$", re.I)',
+               r'r"\bphase|\bdim|\br|\bissue|\bpr|\bpull request).*$", re.I)', _SCAN),
+    HandMutant(_RENDERED, r'r"(?:\bstep|\brank|', r'r"(?:step|rank|', _SCAN),
+    HandMutant(_RENDERED, '_BLOCK = {"p", "div", "pre", "li", "tr", "td", "th",',
+               '_BLOCK = {"p", "div", "pre", "li", "tr",', _SCAN),
 )
 
 #: Survivors that are not bugs: (function, the mutated line as ``mutmut show`` prints it after its
