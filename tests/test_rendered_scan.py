@@ -102,6 +102,16 @@ def test_an_article_nested_in_the_article_ends_with_its_own_close_tag() -> None:
     assert _scanned(html) == ["1.23", PLANT]
 
 
+def test_character_references_are_read_as_the_characters_they_stand_for() -> None:
+    assert _scanned("<article><p>9&#46;87 and &minus;1&#44;234</p></article>") == [PLANT, "−1,234"]
+
+
+def test_the_end_of_a_block_ends_its_words() -> None:
+    """``<p>x</p>9.87``: the number is not glued to the paragraph's last word (which would make it
+    an identifier, exempt)."""
+    assert _scanned(f"<article><p>x</p>{PLANT}<div>y</div>{PLANT}</article>") == [PLANT, PLANT]
+
+
 def test_unclosed_inner_tags_do_not_hide_what_follows() -> None:
     html = f'<article><div><code>1.23</div><p>{PLANT}</p></article>'
     assert _scanned(html) == [PLANT]
@@ -179,6 +189,8 @@ def test_assumption_values_count_and_their_names_do_not() -> None:
 
 def test_an_unparsable_record_value_is_skipped_not_fatal() -> None:
     assert _numbers("4.5", [_claim("bf16"), _claim(4.5)]) == []
+    assert _numbers("on 8 ranks", [_claim("bf16", world_size=8)]) == []  # the next value counts
+    assert _numbers("on 8 ranks", [_claim(1.0, model="tiny", world_size=8)]) == []
     assert _numbers("4.5", [_claim("n/a")]) == ["4.5"]
 
 
@@ -193,6 +205,8 @@ def test_an_unparsable_record_value_is_skipped_not_fatal() -> None:
     ("3x", 3.6, False), ("3×", 3, True), ("1,000,000", 1e6, True), ("1,000,000", 1000001, False),
     ("12", 12.4, True), ("12", 12.6, False), ("0", 0.4, True), ("0", 0.6, False),
     ("1e-300", 1e-300, True), ("7", 70, False), ("70", 7, False),
+    ("0.83", 0.835, True), ("0.83", 0.825, True), ("217,728", 217_728.5000001, True),
+    ("217,728", 217_728.5001, False), ("24.7%", 0.2465, True), ("24.7%", 24.65, True),
 ])
 def test_a_number_matches_its_record_to_half_its_last_digit(shown: str, value, ok: bool) -> None:
     assert (_numbers(f"it is {shown} here", [_claim(value)]) == []) is ok
@@ -224,6 +238,7 @@ def test_the_context_is_the_forty_characters_around_the_number_folded() -> None:
     ("torch is 9.87 times", ["9.87"]), ("torch 1,024 tokens", ["1,024"]),
     # 4. dates, years and clock times
     ("on 2026-12-01, in 1990 and 2039", []), ("in 1989", ["1989"]), ("in 2040", ["2040"]),
+    ("on 1985-12-01 and 2045-01-31", []), ("1985-12", ["1985"]), ("1985-1-01", ["1985"]),
     ("1999.5", ["1999.5"]), ("12-01-99", ["12"]), ("took 0:02:28 at 10.0.0.1:29500", []),
     ("at 9:30", []), ("9.87 :x", ["9.87"]),
     # 5. issues and PRs
@@ -237,11 +252,14 @@ def test_the_context_is_the_forty_characters_around_the_number_folded() -> None:
     # 7. list numbering: an integer opening a line, then . or ) and a space
     ("(1) one\n2. two\n  3) three", []), ("about 2. Then", ["2"]), ("\n2.5 two", ["2.5"]),
     ("\n2.two", ["2"]), ("\n2) ", []), ("(2) a", []), ("(1.5) a", ["1.5"]), ("x\n22.\n", []),
+    ("x\n(2. two", ["2"]), ("a drop (−1) and (-2)", ["−1", "-2"]), ("(12) a", []),
     # 8. code-like output: a keyword literal, an integer in a shape tuple or an index range
     ("Linear(in_features=64, eps=1e-05)", []), ("(128, 64) (64,) [4, 16] (0-3)", []), ("( 7 )", ["7"]),
     ("x = 9.87", ["9.87"]), ("a=b then 9.87 GiB", ["9.87"]), ("=-3", []),
     ("(1.5, 2)", ["1.5", "2"]), ("(-3, 4)", ["-3", "4"]), ("(3, x)", ["3"]), ("[4, 16] then 9", ["9"]),
     ("(" + "x" * 45 + ", 7)", ["7"]), ("(" + "1, " * 12 + "7)", []),
+    ("(" + "1, " * 13 + "7)", []), ("(" + "1, " * 12 + "11, 7)", ["7"]), ("7(4, 5)", ["7"]),
+    ("(4, 5) 7", ["7"]),
 ])
 def test_the_exemption_grammar_exempts_exactly_its_forms(text: str, found: list[str]) -> None:
     assert _numbers(text) == found
