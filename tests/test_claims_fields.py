@@ -258,3 +258,13 @@ def test_contradictions_pair_each_record_with_the_first_of_its_name() -> None:
     assert [(f.first.page, f.second.page) for f in claims.contradictions([a, b, c, a])] == [
         ("p", "q"), ("p", "r")]
     assert claims.contradictions([]) == []
+
+
+@pytest.mark.parametrize("typo, hint", [
+    ("fmtt", "'fmt'"), ("shwn", "'shown'"), ("gaurd", "'guard'"), ("unti", "'unit' or 'units'"),
+    ("fromats", "'formats' or 'fmt'"), ("titel", "'title' or 'estimate'"), ("recrod", "'record'"),
+    ("nmae", "'name'"), ("kyes", "'keys'")])
+def test_a_typo_of_each_option_names_it(typo: str, hint: str) -> None:
+    with pytest.raises(TypeError, match=rf"^x: unknown keyword '{typo}' \(did you mean {hint}\?\)"
+                                        r": not an option"):
+        claims.check_assumptions({typo: 1}, "x")

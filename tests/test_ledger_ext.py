@@ -177,8 +177,10 @@ def _cite(ledger_ext, tmp_path, monkeypatch, docname: str, *refs):
     monkeypatch.setenv(claims.LEDGER_ENV, str(tmp_path))
     doc = _doc(*refs)
     ledger_ext._resolve_claims(None, doc, docname)
-    return [(a.astext(), a["explanation"], a["classes"]) for a in doc.findall(
-        lambda n: n.tagname == "abbreviation")]
+    found = list(doc.findall(lambda n: n.tagname == "abbreviation"))
+    assert all(a.rawsource == a.astext() for a in found)
+    assert not list(doc.findall(ledger_ext.claim_ref))  # every role resolved
+    return [(a.astext(), a["explanation"], a["classes"]) for a in found]
 
 
 def _ref(ledger_ext, name: str, unit: str | None = None):
