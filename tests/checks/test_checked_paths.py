@@ -241,3 +241,10 @@ def test_the_sharding_counts_sum_every_parameter_of_the_rank() -> None:
     held = checks.assert_sharded("r", _layouts({"a": (4, 2), "b": (6,), "c": (2, 2, 2)}, 2), 2)
     assert [float(held[r]) for r in (0, 1)] == [4 + 3 + 4, 4 + 3 + 4]
     assert math.fsum(float(v) for v in held.values()) == 8 + 6 + 8
+
+
+def test_a_reference_of_one_is_a_match_not_a_bound() -> None:
+    c = checks.expect_close("m", "r", 1.05, 1.0, 0.1)
+    assert (c.relation, c.reference, c.kind) == ("≈", 1.0, "asserted")
+    neg = checks.expect_close("m", "r", -1.0, float("-1"), 0.1)
+    assert (neg.relation, neg.reference) == ("≈", -1.0)
