@@ -155,7 +155,8 @@ def _doc(*refs):
 
 def _role(ledger_ext, text: str):
     reporter = SimpleNamespace(error=lambda msg, line: ("error", msg, line))
-    inliner = SimpleNamespace(reporter=reporter, problematic=lambda raw, text, msg: ("bad", raw))
+    inliner = SimpleNamespace(reporter=reporter,
+                              problematic=lambda raw, text, msg: ("bad", raw, text, msg))
     return ledger_ext._claim_role("claim", f":claim:`{text}`", text, 7, inliner)
 
 
@@ -163,13 +164,14 @@ def test_the_claim_role_reads_a_name_and_an_optional_unit(ledger_ext) -> None:
     (node,), msgs = _role(ledger_ext, "  m.peak  ")
     assert msgs == [] and isinstance(node, ledger_ext.claim_ref)
     assert (node["claim"], node["with_unit"], node["unit_as_written"]) == ("m.peak", False, None)
-    assert node.rawsource == ":claim:`  m.peak  `"
+    assert node.rawsource == ":claim:`  m.peak  `" and node.astext() == "m.peak"
     (node,), _ = _role(ledger_ext, "m.peak <unit>")
     assert (node["claim"], node["with_unit"], node["unit_as_written"]) == ("m.peak", True, None)
     (node,), _ = _role(ledger_ext, "m.peak <MiB>")
     assert (node["claim"], node["with_unit"], node["unit_as_written"]) == ("m.peak", True, "MiB")
     (bad,), (msg,) = _role(ledger_ext, "two names")
-    assert bad == ("bad", ":claim:`two names`") and msg[0] == "error" and msg[2] == 7
+    assert bad == ("bad", ":claim:`two names`", ":claim:`two names`", msg)
+    assert msg[0] == "error" and msg[2] == 7
     assert msg[1] == ("claim role 'two names': write :claim:`name` or :claim:`name <unit>`.")
 
 
