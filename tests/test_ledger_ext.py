@@ -45,13 +45,18 @@ def test_records_of_existing_pages_survive_and_of_gone_pages_are_dropped(
     monkeypatch.setenv(claims.LEDGER_ENV, str(ledger))
     for page in ("pages/x", "top", "plot_y", "pages/gone", "gone"):
         claims.Ledger(page).claim(f"{page}.n", 1, "parameters")  # the file the ledger names
+        claims.Ledger(page).add_table(f"{page}.t", ["a"], [])  # and its tables' file
     assert len(list(ledger.glob("*.jsonl"))) == 5
+    assert len(list(ledger.glob(f"*{claims.TABLES_SUFFIX}"))) == 5
     app = SimpleNamespace(outdir=str(tmp_path / "out"), srcdir=str(src))
     config = SimpleNamespace(ledger_dir=str(ledger),
                              sphinx_gallery_conf={"examples_dirs": str(gallery)})
     ledger_ext._configure(app, config)
     assert sorted(p.name for p in ledger.glob("*.jsonl")) == \
         ["pages__x.jsonl", "plot_y.jsonl", "top.jsonl"]
+    assert sorted(p.name for p in ledger.glob(f"*{claims.TABLES_SUFFIX}")) == \
+        [f"pages__x{claims.TABLES_SUFFIX}", f"plot_y{claims.TABLES_SUFFIX}",
+         f"top{claims.TABLES_SUFFIX}"]
     assert os.environ[claims.LEDGER_ENV] == str(ledger)
 
 

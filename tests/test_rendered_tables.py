@@ -98,6 +98,11 @@ def test_cells_outside_a_row_or_a_table_are_not_read() -> None:
         [["a b", ""]]]
 
 
+def test_text_between_cells_and_a_cell_closed_twice_add_no_cell() -> None:
+    html = "<table>\n<tr> <td>a</td>\n <td>b</td></td> </tr>\n</table>"
+    assert html_tables(html) == [[["a", "b"]]]
+
+
 def test_an_unclosed_table_is_not_reported() -> None:
     assert html_tables("<table><tr><td>x</td></tr>") == []
 
