@@ -248,3 +248,16 @@ def test_a_reference_of_one_is_a_match_not_a_bound() -> None:
     assert (c.relation, c.reference, c.kind) == ("≈", 1.0, "asserted")
     neg = checks.expect_close("m", "r", -1.0, float("-1"), 0.1)
     assert (neg.relation, neg.reference) == ("≈", -1.0)
+
+
+def test_the_defaults_add_no_unit_no_reference_name_and_keep_the_low_value() -> None:
+    o = checks.expect_order("o", "r", 1.0, 2.0, low_name="a", high_name="b")
+    assert (float(o), o.relation, o.unit, o.against, o.tol) == (1.0, "<", "", "", None)
+    c = checks.expect_close("c", "r", 1.0, 1.5, 1.0)
+    assert (c.unit, c.against, c.rel) == ("", "", False)
+    s = checks.expect_close("c", "r", [1.0], [1.5], 1.0)
+    assert (s.unit, s.against, s.rel) == ("", "", False)
+    with pytest.raises(CheckFailed, match=r"^\[c\] r: value differs"):
+        checks.expect_close("c", "r", 1.0, 9.0, 1.0)
+    with pytest.raises(CheckFailed, match=r"^\[c\] r: 1 values, expected 2\.$"):
+        checks.expect_close("c", "r", [1.0], [1.0, 2.0], 1.0)
