@@ -275,6 +275,12 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
      "an orphaned rank's exit code: its only reader, the launching process, is gone"),
     ("guide.launcher.rank_main.x__watch_parent", "time.sleep(2.0)",
      "a slower poll, same outcome"),
+    # issue 38: the ledger's tables file, read only by load_tables (json.loads reads \\u escapes
+    # as the characters they stand for)
+    *(("guide.claims.x\u01c1Ledger\u01c1add_table",
+       f'f.write(json.dumps(dataclasses.asdict(table), {arg}) + "\\n")',
+       "ASCII escapes or not: load_tables (json.loads) reads the same table")
+      for arg in ("ensure_ascii=None", "", "ensure_ascii=True")),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -261,3 +261,17 @@ def test_the_defaults_add_no_unit_no_reference_name_and_keep_the_low_value() -> 
         checks.expect_close("c", "r", 1.0, 9.0, 1.0)
     with pytest.raises(CheckFailed, match=r"^\[c\] r: 1 values, expected 2\.$"):
         checks.expect_close("c", "r", [1.0], [1.0, 2.0], 1.0)
+
+
+def test_a_self_comparison_is_refused_naming_the_check() -> None:
+    losses = [3.0, 2.0]
+    with pytest.raises(Tautology, match=r"^\[loss equivalence\] DDP: compared with itself"):
+        checks.assert_losses_match("DDP", losses, losses, against="one process")
+    with pytest.raises(ValueError, match=r"^\[loss equivalence\] DDP: name the reference"):
+        checks.assert_losses_match("DDP", losses, list(losses), against="")
+    params = {"w": torch.ones(1)}
+    with pytest.raises(Tautology, match=r"^\[initial weights\] FSDP2: compared with itself"):
+        checks.assert_params_match("FSDP2", params, params, 0.0, check="initial weights",
+                                   against="x")
+    with pytest.raises(Tautology, match=r"^\[parameter equivalence\] FSDP2: compared with itself"):
+        checks.assert_params_match("FSDP2", params, params, 0.0, against="x")
