@@ -281,6 +281,12 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
        f'f.write(json.dumps(dataclasses.asdict(table), {arg}) + "\\n")',
        "ASCII escapes or not: load_tables (json.loads) reads the same table")
       for arg in ("ensure_ascii=None", "", "ensure_ascii=True")),
+    # guide.rendered: unrecorded.json's layout (its readers parse it) and a falsy None for False
+    *(("guide.rendered.x_write_report", f"for p, us in found.items()}}}}, {args}))", why)
+      for args, why in (("indent=None, ensure_ascii=False", "the JSON's whitespace"),
+                        ("ensure_ascii=False", "the JSON's whitespace"),
+                        ("indent=2, ensure_ascii=False", "the JSON's whitespace"),
+                        ("indent=1, ensure_ascii=None", "None is falsy, as False"))),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -347,12 +347,19 @@ def test_a_recorded_table_missing_from_its_page_fails_whatever_the_scan(ledger_e
     ledger = claims.Ledger("plot_a")
     ledger.claim("m.x", 1.25, "GiB")
     ledger.add_table("m.t", ["n"], [["1.25"]])
+    ledger.add_table("m.u", ["n"], [])
     app, out = _html_app(tmp_path, "off")
     _page(out, "auto_examples/plot_a", "<p>1.25</p>")
     with pytest.raises(ExtensionError) as err:
         ledger_ext._check(app, None)
-    assert str(err.value).startswith(
-        "[ledger] recorded tables missing from their rendered pages:\n- plot_a: table 'm.t' is "
-        "recorded but not on the rendered page")
-    _page(out, "auto_examples/plot_a", "<table><tr><th>n</th></tr><tr><td>1.25</td></tr></table>")
+    why = ("is recorded but not on the rendered page (shown with report.show? a table printed as "
+           "text does not count)")
+    assert str(err.value) == ("[ledger] recorded tables missing from their rendered pages:\n"
+                              f"- plot_a: table 'm.t' {why}\n- plot_a: table 'm.u' {why}")
+    _page(out, "auto_examples/plot_a", "<table><tr><th>n</th></tr></table>")
+    with pytest.raises(ExtensionError, match=r"- plot_a: table 'm\.t' is on the rendered page "
+                                             r"with other cells than the ones recorded$"):
+        ledger_ext._check(app, None)
+    _page(out, "auto_examples/plot_a", "<table><tr><th>n</th></tr><tr><td>1.25</td></tr></table>"
+                                       "<table><tr><th>n</th></tr></table>")
     ledger_ext._check(app, None)
