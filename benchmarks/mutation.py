@@ -287,6 +287,13 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
                         ("ensure_ascii=False", "the JSON's whitespace"),
                         ("indent=2, ensure_ascii=False", "the JSON's whitespace"),
                         ("indent=1, ensure_ascii=None", "None is falsy, as False"))),
+    # docs/ledger_ext.py: ledger.json's layout (a download its readers parse)
+    *(("docs.ledger_ext.x__ledger_files",
+       f'(outdir / "ledger.json").write_text(json.dumps(rows, {args}))', why)
+      for args, why in (("indent=None, ensure_ascii=False", "the JSON's whitespace"),
+                        ("ensure_ascii=False", "the JSON's whitespace"),
+                        ("indent=2, ensure_ascii=False", "the JSON's whitespace"),
+                        ("indent=1, ensure_ascii=None", "None is falsy, as False"))),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")
