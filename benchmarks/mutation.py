@@ -294,6 +294,8 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
                         ("ensure_ascii=False", "the JSON's whitespace"),
                         ("indent=2, ensure_ascii=False", "the JSON's whitespace"),
                         ("indent=1, ensure_ascii=None", "None is falsy, as False"))),
+    ("docs.ledger_ext.x__resolve_claims", 'page = rendered.page_of(docname + ".HTML")',
+     "page_of drops whatever suffix the name has (Path.with_suffix)"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")
