@@ -112,6 +112,13 @@ def test_the_end_of_a_block_ends_its_words() -> None:
     assert _scanned(f"<article><p>x</p>{PLANT}<div>y</div>{PLANT}</article>") == [PLANT, PLANT]
 
 
+def test_inline_elements_do_not_split_words_and_blocks_do() -> None:
+    """``fc<em>2</em>`` reads "fc2" (an identifier); ``x<div>9.87</div>`` reads "x", then 9.87."""
+    assert _scanned("<article><p>fc<em>2</em> and <span>H</span>100</p></article>") == []
+    assert _scanned(f"<article><p>x<div>{PLANT}</div></p></article>") == [PLANT]
+    assert _scanned(f'<nav><img alt="{PLANT}"></nav><article><p>a</p></article>') == []
+
+
 def test_unclosed_inner_tags_do_not_hide_what_follows() -> None:
     html = f'<article><div><code>1.23</div><p>{PLANT}</p></article>'
     assert _scanned(html) == [PLANT]
