@@ -305,6 +305,9 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("guide.rendered.x\u01c1_Text\u01c1handle_starttag",
      "self.out.append(f\"\\n{a.get('alt') or ''} {a.get('title') or 'XXXX'}\\n\")",
      "a missing title reads as a word, a space and a line apart from any number"),
+    *(("guide.rendered.x_page_text", f'parser = _Text("article" if "<article" in html else '
+       f'"{name}")', "_Text reads any container but 'article' as role=main")
+      for name in ("XXmainXX", "MAIN")),
     ("guide.checks.x_expect_close",
      'return Checked(gap, check=check, run=run, unit=unit, tol=tol, rel=rel,',
      'relation="≤" is Checked\'s default'),

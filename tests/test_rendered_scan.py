@@ -81,7 +81,7 @@ def test_myst_nb_output_is_read_and_its_input_cell_is_not() -> None:
     '<div class="sphx-glr-download sphx-glr-download-python"><p>9.87</p></div>',
     '<p class="sphx-glr-signature">9.87</p>', '<a class="headerlink">9.87</a>',
     '<p class="world-sizes">9.87</p>', '<script>var x = 9.87;</script>',
-    '<style>p {width: 9.87px}</style>',
+    '<style>p {width: 9.87px}</style>', '<style>p { z-index: 9.87 }</style>',
 ])
 def test_what_is_not_read_is_not_read_and_the_text_after_it_is(body: str) -> None:
     assert _scanned(_article(f"{body}<p>then 4.56 GiB</p>")) == ["4.56"]
@@ -117,6 +117,10 @@ def test_inline_elements_do_not_split_words_and_blocks_do() -> None:
     assert _scanned("<article><p>fc<em>2</em> and <span>H</span>100</p></article>") == []
     assert _scanned(f"<article><p>x<div>{PLANT}</div></p></article>") == [PLANT]
     assert _scanned(f'<nav><img alt="{PLANT}"></nav><article><p>a</p></article>') == []
+
+
+def test_a_stray_close_tag_is_ignored() -> None:
+    assert _scanned(f"</div></p><article></span><p>{PLANT}</p></article>") == [PLANT]
 
 
 def test_unclosed_inner_tags_do_not_hide_what_follows() -> None:
