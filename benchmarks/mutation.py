@@ -308,6 +308,35 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     *(("guide.rendered.x_page_text", f'parser = _Text("article" if "<article" in html else '
        f'"{name}")', "_Text reads any container but 'article' as role=main")
       for name in ("XXmainXX", "MAIN")),
+    # guide.rendered: _in_ledger compares magnitudes (abs), so the sign _value gives is unread
+    *(("guide.rendered.x__value", line, "_in_ledger compares abs values: the sign is not read")
+      for line in (
+          'value = float(num) / (-1 if m.group("sign") in ("-", "−") else 1)',
+          'value = float(num) * (-1 if (m.group("sign") in ("-", "−")) and False else 1)',
+          'value = float(num) * (-1 if (m.group("sign") in ("-", "−")) or True else 1)',
+          'value = float(num) * (+1 if m.group("sign") in ("-", "−") else 1)',
+          'value = float(num) * (-1 if m.group("sign") not in ("-", "−") else 1)',
+          'value = float(num) * (-1 if m.group("sign") in ("XX-XX", "−") else 1)',
+          'value = float(num) * (-1 if m.group("sign") in ("-", "XX−XX") else 1)',
+      )),
+    # _SHAPE never matches a sign or a decimal: the early return only saves the match
+    *(("guide.rendered.x__in_shape", line, "_SHAPE matches no sign and no decimal point")
+      for line in ('if m.group("sign") and "." in m.group("num"):',
+                   'if m.group("sign") or "XX.XX" in m.group("num"):')),
+    *(("guide.rendered.x__in_shape", line, "a start of None is 0")
+      for line in ('lo = max(text.rfind("(", None, m.start() + 1), text.rfind("[", 0, m.start() + 1))',
+                   'lo = max(text.rfind("(", 0, m.start() + 1), text.rfind("[", None, m.start() + 1))')),
+    ("guide.rendered.x__in_shape", "if lo < 0 and m.start() - lo > 40:",
+     "with no bracket before the number, _SHAPE.match at -1 (read as 0) cannot match: the text "
+     "would start with the bracket"),
+    *(("guide.rendered.x__in_ledger", line, "zip(shown, halves) stops at the shorter list: "
+       "one of them still has one entry when the number is not a %")
+      for line in ("shown = [value, value / 100] if (pct) or True else [value]",
+                   "halves = [half, half / 100] if (pct) or True else [half]")),
+    ("guide.rendered.x__in_ledger",
+     "return any(abs(abs(v) - abs(s)) < h * (1 + 1e-9) + 1e-12 * abs(s)",
+     "< and <= differ only where a gap equals the slackened half digit exactly, which a float "
+     "gap of a rounded number never does"),
     ("guide.checks.x_expect_close",
      'return Checked(gap, check=check, run=run, unit=unit, tol=tol, rel=rel,',
      'relation="≤" is Checked\'s default'),
