@@ -326,6 +326,8 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     *(("guide.rendered.x__in_shape", line, "a start of None is 0")
       for line in ('lo = max(text.rfind("(", None, m.start() + 1), text.rfind("[", 0, m.start() + 1))',
                    'lo = max(text.rfind("(", 0, m.start() + 1), text.rfind("[", None, m.start() + 1))')),
+    ("guide.rendered.x__in_shape", "return bool(hit) and hit.end() > m.end()",
+     "a tuple holding the number ends with its bracket, after the number's last digit"),
     ("guide.rendered.x__in_shape", "if lo < 0 and m.start() - lo > 40:",
      "with no bracket before the number, _SHAPE.match at -1 (read as 0) cannot match: the text "
      "would start with the bracket"),
