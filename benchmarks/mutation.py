@@ -75,6 +75,9 @@ SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
     "guide.compiled": ("src/guide/compiled.py", ("guide.compiled.*",)),
     "guide.world_sizes": ("src/guide/world_sizes.py", ("guide.world_sizes.*",)),
     "docs/world_sizes_ext.py": ("docs/world_sizes_ext.py", ("docs.world_sizes_ext.*",)),
+    # issue 38: the strict scan of rendered numbers, and its reverse (recorded tables rendered)
+    "guide.rendered": ("src/guide/rendered.py", ("guide.rendered.*",)),
+    "guide.rendered_tables": ("src/guide/rendered_tables.py", ("guide.rendered_tables.*",)),
 }
 
 #: Kill rate every module must reach.
@@ -101,6 +104,9 @@ _CHECKS, _SUPERVISE = "src/guide/checks.py", "src/guide/launcher/supervise.py"
 _COMM_CHECKS = "src/guide/comm/checks.py"
 _TP = ("tests/comm/test_tp_in_process.py", "tests/test_tp_models.py")
 _TP_COMM = "src/guide/comm/tp.py"
+_RENDERED = "src/guide/rendered.py"
+_PATHS = ("tests/checks/test_checked_paths.py",)
+_SCAN = ("tests/test_rendered_scan.py",)
 #: mutmut does not mutate module-level constants, nor delete half of a condition: the tolerances,
 #: each 10x looser and 10x tighter, and the bugs of the audit that asked for this tool (issue 19:
 #: LOSS_TOL 1e-5 -> 1e-2 and PARAM_TOL["sgd"] 1e-6 -> 1e-3 passed every test, and so did the
@@ -176,8 +182,7 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
                ("tests/test_world_sizes.py", "-kdeclared")),
     HandMutant("src/guide/tensor_parallel.py", "chunk_rows(shape[0], dp_rank, dp)",
                "chunk_rows(shape[0], 0, dp)", _TP),
-    HandMutant(_TP_COMM, "else sbh * whole + sbh * split // tp)",
-               "else sbh * (whole + split) // tp)", _TP),
+    HandMutant(_TP_COMM, "else whole + (layer - whole) // tp)", "else layer // tp)", _TP),
     HandMutant(_TP_COMM, "    return fwd + bwd", "    return fwd", _TP),
     HandMutant(_TP_COMM, "arch.fsdp2_units()[1])", "arch.fsdp2_units()[0])", _TP),
     HandMutant(_TP_COMM, "return (t.numel() * n if kind", "return (t.numel() if kind", _TP),
@@ -189,6 +194,43 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
     HandMutant("src/guide/memory/finetune.py", "for s in layer if len(s) == 2]",
                "for s in layer if len(s) == 2 and s[0] == s[1]]",
                ("tests/test_lora_adapters.py",)),
+    # issue 38's audit: bugs in the checks' Checked paths, the ledger and the rendered-page scan
+    # that no test noticed
+    HandMutant(_CHECKS, "abs(g - w) / (abs(w) if rel else 1.0)",
+               "abs(g - w) / (abs(g) if rel else 1.0)", _PATHS),
+    HandMutant(_CHECKS, "ok = low < high if strict else low <= high", "ok = low <= high", _PATHS),
+    HandMutant(_CHECKS, "reference=want[r], against=", "reference=want[0], against=", _PATHS),
+    HandMutant("src/guide/checked.py",
+               "isinstance(want, Sequence) and any(isinstance(w, Derived) for w in want))",
+               "False)", _PATHS),
+    HandMutant("src/guide/claims.py", 'd["guard"], d.get("shown", ""))', 'd["guard"])',
+               ("tests/test_claims_fields.py",)),
+    HandMutant(_RENDERED, 'skip = (tag in ("script", "style", "code") or',
+               'skip = (tag in ("script", "style", "code", "table") or', _SCAN),
+    HandMutant(_RENDERED, 'if before.endswith("=") or _in_shape(text, m):',
+               'if "=" in before or _in_shape(text, m):', _SCAN),
+    HandMutant(_RENDERED, '(("." not in num) and _INDEX_WORDS.search(before))',
+               '_INDEX_WORDS.search(before)', _SCAN),
+    HandMutant(_RENDERED, "values = _candidates(records, texts=page == LEDGER_PAGE)",
+               "values = _candidates(records, texts=True)", _SCAN),
+    HandMutant(_RENDERED, "ledger = records if page == LEDGER_PAGE else by_page.get(page, [])",
+               "ledger = records", _SCAN),
+    HandMutant(_RENDERED, '_OUTPUT_HIGHLIGHT = {"highlight-none", "highlight-myst-ansi", '
+               '"highlight-text"}', '_OUTPUT_HIGHLIGHT = {"highlight-none", "highlight-text"}',
+               _SCAN),
+    HandMutant(_RENDERED, '_SKIP_EXACT = {"math", "literal", "claim"}',
+               '_SKIP_EXACT = {"math", "literal", "claim", "cell_output"}', _SCAN),
+    # the scan's module-level grammar, which mutmut does not mutate: each exemption word list
+    # losing its anchor, and a rule widened
+    HandMutant(_RENDERED, r'_VERSION_WORDS = re.compile(r"(?:torch|pytorch|python|cuda|nccl|'
+               r'version|release|v)\s*[≥<>=~]*\s*$",',
+               r'_VERSION_WORDS = re.compile(r"(?:torch|pytorch|python|cuda|nccl|'
+               r'version|release|v).*$",', _SCAN),
+    HandMutant(_RENDERED, r'r"\bphase|\bdim|\br|\bissue|\bpr|\bpull request)\s*$", re.I)',
+               r'r"\bphase|\bdim|\br|\bissue|\bpr|\bpull request).*$", re.I)', _SCAN),
+    HandMutant(_RENDERED, r'r"(?:\bstep|\brank|', r'r"(?:step|rank|', _SCAN),
+    HandMutant(_RENDERED, '_BLOCK = {"p", "div", "pre", "li", "tr", "td", "th",',
+               '_BLOCK = {"p", "div", "pre", "li", "tr",', _SCAN),
 )
 
 #: Survivors that are not bugs: (function, the mutated line as ``mutmut show`` prints it after its
@@ -326,6 +368,73 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("guide.world_sizes.x__script",
      'path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else '
      '"XXXX")', '"" and "XXXX" both fail endswith(".py"): the name is "example.py" either way'),
+    # issue 38: the ledger's tables file, read only by load_tables (json.loads reads \\u escapes
+    # as the characters they stand for)
+    *(("guide.claims.x\u01c1Ledger\u01c1add_table",
+       f'f.write(json.dumps(dataclasses.asdict(table), {arg}) + "\\n")',
+       "ASCII escapes or not: load_tables (json.loads) reads the same table")
+      for arg in ("ensure_ascii=None", "", "ensure_ascii=True")),
+    # guide.rendered: unrecorded.json's layout (its readers parse it) and a falsy None for False
+    *(("guide.rendered.x_write_report", f"for p, us in found.items()}}}}, {args}))", why)
+      for args, why in (("indent=None, ensure_ascii=False", "the JSON's whitespace"),
+                        ("ensure_ascii=False", "the JSON's whitespace"),
+                        ("indent=2, ensure_ascii=False", "the JSON's whitespace"),
+                        ("indent=1, ensure_ascii=None", "None is falsy, as False"))),
+    # docs/ledger_ext.py: ledger.json's layout (a download its readers parse)
+    *(("docs.ledger_ext.x__ledger_files",
+       f'(outdir / "ledger.json").write_text(json.dumps(rows, {args}))', why)
+      for args, why in (("indent=None, ensure_ascii=False", "the JSON's whitespace"),
+                        ("ensure_ascii=False", "the JSON's whitespace"),
+                        ("indent=2, ensure_ascii=False", "the JSON's whitespace"),
+                        ("indent=1, ensure_ascii=None", "None is falsy, as False"))),
+    ("docs.ledger_ext.x__resolve_claims", 'page = rendered.page_of(docname + ".HTML")',
+     "page_of drops whatever suffix the name has (Path.with_suffix)"),
+    ("guide.rendered.x\u01c1_Text\u01c1handle_starttag",
+     'classes = (a.get("class") or "XXXX").lower().split()',
+     "an element without a class gets class 'xxxx', which no skip rule names"),
+    ("guide.rendered.x\u01c1_Text\u01c1handle_starttag",
+     "self.out.append(f\"\\n{a.get('alt') or 'XXXX'} {a.get('title') or ''}\\n\")",
+     "a missing alt reads as a word, a space and a line apart from any number"),
+    ("guide.rendered.x\u01c1_Text\u01c1handle_starttag",
+     "self.out.append(f\"\\n{a.get('alt') or ''} {a.get('title') or 'XXXX'}\\n\")",
+     "a missing title reads as a word, a space and a line apart from any number"),
+    *(("guide.rendered.x_page_text", f'parser = _Text("article" if "<article" in html else '
+       f'"{name}")', "_Text reads any container but 'article' as role=main")
+      for name in ("XXmainXX", "MAIN")),
+    # guide.rendered: _in_ledger compares magnitudes (abs), so the sign _value gives is unread
+    *(("guide.rendered.x__value", line, "_in_ledger compares abs values: the sign is not read")
+      for line in (
+          'value = float(num) / (-1 if m.group("sign") in ("-", "−") else 1)',
+          'value = float(num) * (-1 if (m.group("sign") in ("-", "−")) and False else 1)',
+          'value = float(num) * (-1 if (m.group("sign") in ("-", "−")) or True else 1)',
+          'value = float(num) * (+1 if m.group("sign") in ("-", "−") else 1)',
+          'value = float(num) * (-1 if m.group("sign") not in ("-", "−") else 1)',
+          'value = float(num) * (-1 if m.group("sign") in ("XX-XX", "−") else 1)',
+          'value = float(num) * (-1 if m.group("sign") in ("-", "XX−XX") else 1)',
+      )),
+    # _SHAPE never matches a sign or a decimal: the early return only saves the match
+    *(("guide.rendered.x__in_shape", line, "_SHAPE matches no sign and no decimal point")
+      for line in ('if m.group("sign") and "." in m.group("num"):',
+                   'if m.group("sign") or "XX.XX" in m.group("num"):')),
+    *(("guide.rendered.x__in_shape", line, "a start of None is 0")
+      for line in ('lo = max(text.rfind("(", None, m.start() + 1), text.rfind("[", 0, m.start() + 1))',
+                   'lo = max(text.rfind("(", 0, m.start() + 1), text.rfind("[", None, m.start() + 1))')),
+    ("guide.rendered.x__in_shape", "return bool(hit) and hit.end() > m.end()",
+     "a tuple holding the number ends with its bracket, after the number's last digit"),
+    ("guide.rendered.x__in_shape", "if lo < 0 and m.start() - lo > 40:",
+     "with no bracket before the number, _SHAPE.match at -1 (read as 0) cannot match: the text "
+     "would start with the bracket"),
+    *(("guide.rendered.x__in_ledger", line, "zip(shown, halves) stops at the shorter list: "
+       "one of them still has one entry when the number is not a %")
+      for line in ("shown = [value, value / 100] if (pct) or True else [value]",
+                   "halves = [half, half / 100] if (pct) or True else [half]")),
+    ("guide.rendered.x__in_ledger",
+     "return any(abs(abs(v) - abs(s)) < h * (1 + 1e-9) + 1e-12 * abs(s)",
+     "< and <= differ only where a gap equals the slackened half digit exactly, which a float "
+     "gap of a rounded number never does"),
+    ("guide.checks.x_expect_close",
+     'return Checked(gap, check=check, run=run, unit=unit, tol=tol, rel=rel,',
+     'relation="≤" is Checked\'s default'),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

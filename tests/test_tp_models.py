@@ -1,7 +1,7 @@
 """The models of tensor parallelism, against values computed here by hand (no ranks): what each dp
 rank of a TP + FSDP2 mesh holds (:func:`guide.tensor_parallel.expected_layout`), TP's all-reduces
 in a step (:func:`guide.comm.tp.tp_step`) and the estimate of what TP changes per GPU
-(:func:`guide.comm.tp.tp_fsdp_estimate`, Korthikanti et al.'s ``s*b*h*(10 + 24/t)``)."""
+(:func:`guide.comm.tp.tp_fsdp_estimate`: the memory model's block, its norms whole, the rest over t)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from guide.comm.tp import KORTHIKANTI_TP_SBH, tp_fsdp_estimate, tp_step
 from guide.memory import PRESETS
+from guide.memory.activations import block_bytes, block_norm_bytes
 from guide.memory.architectures import Architecture
 from guide.model import ModelConfig
 from guide.tensor_parallel import build_tp_model, expected_layout, plan_kinds, tp_local_shapes
@@ -77,19 +78,24 @@ LAYER_PARAMS = H * H * 2 + KV * H * 2 + 3 * H * F + 2 * H  # q, o; k, v; gate, u
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-def test_the_estimate_is_korthikantis_formula_and_the_layer_divided_by_tp(tp: int) -> None:
+def test_the_estimate_splits_the_memory_models_block_and_divides_the_layer_by_tp(tp: int) -> None:
+    """The activations are the memory model's per-operation block (guide.memory.activations,
+    checked against measured blocks on the activation page): the norms' part stays whole on every
+    TP rank, the rest is divided by t; with sequence parallelism all of it is."""
     arch, s, b = PRESETS["llama-3-8b"], 4096, 2
     assert LAYER_PARAMS == 218_112_000  # 8.03 B parameters less 2 x 525 M embeddings, / 32
     sbh = s * b * H
     est = tp_fsdp_estimate(arch, 64, tp, s, micro_batch=b)
-    whole, split = KORTHIKANTI_TP_SBH
-    assert (whole, split) == (10, 24)
-    assert est.activation_bytes == LAYERS * (34 * sbh if tp == 1 else 10 * sbh + 24 * sbh // tp)
+    assert KORTHIKANTI_TP_SBH == (10, 24)  # kept for comparison only
+    layer = block_bytes(arch, s, b, norm="fused", bytes_per_element=2)
+    whole = block_norm_bytes(arch, s, b, norm="fused", bytes_per_element=2)
+    assert 0 < whole < layer
+    assert est.activation_bytes == LAYERS * (layer if tp == 1 else whole + (layer - whole) // tp)
     assert est.gathered_layer_bytes == LAYER_PARAMS * 2 // tp
     assert est.tp_all_reduce_bytes == (0 if tp == 1 else 4 * sbh * 2)  # 2 fwd + 2 bwd, 16-bit
     assert (est.tp, est.dp, est.global_batch) == (tp, 64 // tp, b * 64 // tp)
     sp = tp_fsdp_estimate(arch, 64, tp, s, micro_batch=b, sequence_parallel=True, param_bytes=4)
-    assert sp.activation_bytes == LAYERS * 34 * sbh // tp
+    assert sp.activation_bytes == LAYERS * (layer // tp)
     assert sp.gathered_layer_bytes == LAYER_PARAMS * 4 // tp
     for e in (est, sp):  # whole bytes and ranks (a page prints them): ints, not 6.0
         assert {f: type(v) for f, v in vars(e).items()} == dict.fromkeys(vars(e), int)

@@ -32,7 +32,8 @@ included.
    ``stage``, ``item``, ``pitfall``, ``figure``, ``table``, ``section``, ``Eq.``, ``equation``,
    ``row``, ``column``, ``line``, ``chunk``, ``shard``, ``position``, ``phase``, ``dim``, ``r``
    (rank 0, step 19, Eq. 1).
-7. *List numbering*: an integer opening a line followed by ``.`` or ``)``, or ``(1)``-style.
+7. *List numbering*: an integer opening a line followed by ``.`` or ``)``; ``(1)``-style is a
+   shape tuple (rule 8). A signed ``(−1)`` is a number.
 8. *Code-like output*: a keyword literal (``in_features=64``, ``eps=1e-05``), an integer in a
    shape tuple (``(128, 64)``, ``(64,)``, ``torch.Size([4, 16])``) or an index range (``(0-3)``).
 """
@@ -156,17 +157,16 @@ def _exempt(text: str, m: re.Match) -> bool:
     """Exemptions 3-7 of the module docstring (2.9.0 never matches :data:`_NUMBER`)."""
     start, num = m.start(), m.group("num")
     before = text[max(0, start - 24):start]
-    after = text[m.end():m.end() + 3]
+    after = text[m.end():m.end() + 6]  # "-MM-DD" is 6 characters
     if _VERSION_WORDS.search(before) and "," not in num:
         return True
-    if re.fullmatch(r"(199\d|20[0-3]\d)", num) or re.match(r"-\d\d-\d\d", after):
+    if re.fullmatch(r"(199\d|20[0-3]\d)", num) or (
+            re.fullmatch(r"\d{4}", num) and re.match(r"-\d\d-\d\d", after)):
         return True
     if before.endswith("#") or (("." not in num) and _INDEX_WORDS.search(before)):
         return True
     line_start = text.rfind("\n", 0, start) + 1
     if ("." not in num and not text[line_start:start].strip() and re.match(r"[.)]\s", after)):
-        return True
-    if before.endswith("(") and after.startswith(")") and len(num) == 1:
         return True
     if re.search(r"\d:$", before) or re.match(r":\d", after):  # clock times, ports
         return True

@@ -40,26 +40,29 @@ class _Tables(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.tables: list[list[list[str]]] = []
         self._open: list[list[list[str]]] = []  # tables being read (nested ones too)
-        self._cell: list[str] | None = None
+        self._cells: list[list[str] | None] = []  # the cell being read in each open table
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "table":
             self._open.append([])
+            self._cells.append(None)
         elif tag == "tr" and self._open:
             self._open[-1].append([])
         elif tag in ("td", "th") and self._open and self._open[-1]:
-            self._cell = []
+            self._cells[-1] = []
 
     def handle_endtag(self, tag: str) -> None:
-        if tag in ("td", "th") and self._cell is not None:
-            self._open[-1][-1].append(" ".join("".join(self._cell).split()))
-            self._cell = None
+        if tag in ("td", "th") and self._cells and self._cells[-1] is not None:
+            self._open[-1][-1].append(" ".join("".join(self._cells[-1]).split()))
+            self._cells[-1] = None
         elif tag == "table" and self._open:
             self.tables.append(self._open.pop())
+            self._cells.pop()
 
     def handle_data(self, data: str) -> None:
-        if self._cell is not None:
-            self._cell.append(data)
+        for cell in self._cells:  # a nested table's text is also its outer cell's
+            if cell is not None:
+                cell.append(data)
 
 
 def html_tables(html: str) -> list[list[list[str]]]:
