@@ -25,6 +25,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 
+def shard(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    """One FSDP2 unit per block, then the root (embeddings, final norm, head)."""
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
 def local_elements(model: torch.nn.Module) -> int:
     """The parameter elements this rank holds after ``fully_shard``."""
     return sum(p.to_local().numel() for p in model.parameters())
@@ -50,11 +57,7 @@ ledger = claims.Ledger("plot_page_template")  # every number this page states
 
 def worker(rank: guide.Rank) -> int:
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    model = build_model(CFG, device=rank.device)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return local_elements(model)
+    return local_elements(shard(build_model(CFG, device=rank.device), mesh))
 
 
 shares = guide.launch(worker, WORLD_SIZE)

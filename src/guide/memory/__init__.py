@@ -7,7 +7,7 @@
 * :mod:`guide.memory.transient` -- **predicted** bytes held only during the step: autocast's
   weight copies, FSDP2's gathered parameters and gradient buffers.
 * :mod:`guide.memory.fit` -- all of it per GPU, per layout, against a GPU's memory, and the
-  smallest world that fits (:func:`~guide.memory.min_world_size`).
+  smallest world that fits (:func:`~guide.memory.fit.min_world_size`).
 * :mod:`guide.memory.published` -- the model against published GPU peaks, with its tolerance.
 * :mod:`guide.memory.measured` -- **measured** bytes a live rank holds between steps (tensor storage,
   DDP's reducer buckets).
