@@ -7,7 +7,7 @@ toctree, so the sidebar's section navigation follows them; :func:`sectioned_inde
 page shows the same groups (:func:`landing_rst`), and :data:`STORY` is their concatenation. The
 example files stay where they are (one gallery, no subfolders): moving them would buy nothing the
 rewrite does not give. An example places itself: its ``guide.Page(section=..., order=...)`` declaration
-(:mod:`guide.page`) names its section and its place in it; a file without one, or with a section
+(:mod:`guide.declaration`) names its section and its place in it; a file without one, or with a section
 that is not here, fails the build with a message naming it and the fix.
 """
 
@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from guide.page import declared_page
+from guide.declaration import declared_page
 
 
 class Section(NamedTuple):

@@ -78,7 +78,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.nn import functional as F
 
 import guide
-from guide import checks, claims, constants
+from guide import checks
 from guide.data import rank_slice, synthetic_batches
 from guide.layout import full_state
 from guide.memory import (PRECISIONS, PRESETS, RESOLUTION_BYTES, PeakMemory, current_bytes,
@@ -98,13 +98,14 @@ from guide.memory.fit import per_gpu
 from guide.memory.state import GiB
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
-from guide.report import show, table
 from guide.saved_tensors import SavedTensors
 from guide.training import make_optimizer, next_token_loss
 from guide.optimizers import OPTIMIZERS
 
 KiB, MiB, GB = 2**10, 2**20, 10**9
-ledger = claims.Ledger("plot_activation_memory")  # every number this page states
+PAGE = guide.Page(section="Memory", order=4, key_api="checkpoint_wrapper(", world_size=2,
+                  supports=(2, 4))
+N = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 
 
 def block_input(cfg: ModelConfig, batch: int, seq: int) -> torch.Tensor:
@@ -128,14 +129,12 @@ def saved_by_block(cfg: ModelConfig, batch: int,
 BASE = ModelConfig(d_model=64, n_heads=4, d_mlp=256, max_seq=512)
 S, B = 64, 2  # tokens per sequence, sequences in the micro-batch
 saved, _ = saved_by_block(BASE, batch=B, seq=S)
-n_storages = ledger.claim(f"tinylm.block.sdpa.s{S}-b{B}.storages", len(saved.storages),
-                          "storages", model=repr(BASE))  # counted by the hooks
-show(table([(s.shape, s.dtype, s.nbytes) for s in saved.storages],
-            ["shape", "dtype", "bytes"], record=ledger,
-            name=f"tinylm.block.sdpa.s{S}-b{B}.storage",
-            keys=[f"n{i}" for i in range(len(saved.storages))],
-            title=f"one block, SDPA attention, s={S} b={B}: {n_storages} "
-                  f"storages, {saved.nbytes:,} bytes (measured)"))
+n_storages = PAGE.state(f"tinylm.block.sdpa.s{S}-b{B}.storages", len(saved.storages),
+                        "storages", model=repr(BASE))  # counted by the hooks
+PAGE.show(f"tinylm.block.sdpa.s{S}-b{B}.storage", [(s.shape, s.dtype, s.nbytes) for s in saved.storages],
+          ["shape", "dtype", "bytes"], keys=[f"n{i}" for i in range(len(saved.storages))],
+          title=f"one block, SDPA attention, s={S} b={B}: {n_storages} "
+                f"storages, {saved.nbytes:,} bytes (measured)")
 
 # %%
 # The formula, term by term, against Korthikanti's
@@ -149,14 +148,13 @@ show(table([(s.shape, s.dtype, s.nbytes) for s in saved.storages],
 terms = tinylm_terms(BASE, S, B)
 derived = tinylm_layer_bytes(BASE, S, B)
 shape = f"s={S} b={B} h={BASE.d_model} a={BASE.n_heads}"
-derived = ledger.record(f"tinylm.block.sdpa.s{S}-b{B}.saved_bytes", checks.expect_close(
+derived = PAGE.check(f"tinylm.block.sdpa.s{S}-b{B}.saved_bytes", checks.expect_close(
     "activation formula", f"SDPA, {shape}", derived, saved.nbytes, 0, "saved bytes",
     against="the bytes autograd saved"), "bytes", fmt=".0f", model=repr(BASE))
-show(table([(t.name, t.tinylm, t.korthikanti) for t in terms]
-            + [("total", derived, sum(t.korthikanti for t in terms))],
-            [f"term (one layer, {shape})", "TinyLM bytes", "Korthikanti bytes"],
-            record=ledger, name=f"tinylm.block.sdpa.s{S}-b{B}.terms",
-            title=f"measured {saved.nbytes:,} B = derived {derived:,} B"))
+PAGE.show(f"tinylm.block.sdpa.s{S}-b{B}.terms", [(t.name, t.tinylm, t.korthikanti) for t in terms]
+          + [("total", derived, sum(t.korthikanti for t in terms))],
+          [f"term (one layer, {shape})", "TinyLM bytes", "Korthikanti bytes"],
+          title=f"measured {saved.nbytes:,} B = derived {derived:,} B")
 print("\nwhy they differ:")
 print("\n".join(f"- {t.name}: {t.why}" for t in terms))
 
@@ -188,12 +186,13 @@ for attention in ("sdpa", "explicit"):
         korth = korthikanti_layer_bytes(s, b, h, a, fused_attention=attention == "sdpa")
         rows.append((attention, s, b, h, a, measured, derived, korth,
                      korth / measured - 1))
-show(table(rows, ["attention", "s", "b", "h", "a", "measured B", "derived B",
-                   "Korthikanti B", "Korthikanti error"],
-            formats={"Korthikanti error": "+.0%"}, record=ledger, name="tinylm.block.shapes",
-            keys=[f"{r[0]}.s{r[1]}-b{r[2]}-h{r[3]}-a{r[4]}" for r in rows]))
+PAGE.show("tinylm.block.shapes", rows,
+          ["attention", "s", "b", "h", "a", "measured B", "derived B", "Korthikanti B",
+           "Korthikanti error"],
+          formats={"Korthikanti error": "+.0%"},
+          keys=[f"{r[0]}.s{r[1]}-b{r[2]}-h{r[3]}-a{r[4]}" for r in rows])
 # A count of the rows above (each row ran its own check): nothing independent to compare it with.
-cases = ledger.claim("tinylm.block.formula_cases", len(rows), "shapes", guard="computed")
+cases = PAGE.state("tinylm.block.formula_cases", len(rows), "shapes", guard="computed")
 
 
 def closed_form_error(s: int, b: int, h: int, a: int) -> float:
@@ -203,12 +202,12 @@ def closed_form_error(s: int, b: int, h: int, a: int) -> float:
 
 
 sdpa_rows = [r for r in rows if r[0] == "sdpa"]
-err = {f: ledger.record(f"korthikanti.vs-tinylm.sdpa.error_{f.__name__}", checks.expect_close(
+err = {f: PAGE.check(f"korthikanti.vs-tinylm.sdpa.error_{f.__name__}", checks.expect_close(
            "activation formula", f"Korthikanti error, {f.__name__}", f(r[-1] for r in sdpa_rows),
            f(closed_form_error(*r[1:5]) for r in sdpa_rows), 1e-9, "error", rel=True,
            unit="fraction", against="the closed forms"), fmt=".2f", shapes=SHAPES)
        for f in (min, max)}
-sbh = constants.cite(ledger, "korthikanti.eq1.sbh_bytes")
+sbh = PAGE.cite("korthikanti.eq1.sbh_bytes")
 print(f"\nmeasured = derived to the byte in all {cases} cases. With SDPA, "
       f"Korthikanti's {sbh}*s*b*h is {err[min]:+.0%} to {err[max]:+.0%} off: fp32 "
       "doubles every shared term, and the dropout masks it counts do not exist here.")
@@ -266,20 +265,20 @@ x_llama = torch.randn(LB, LS, LH, dtype=torch.bfloat16, requires_grad=True)
 with SavedTensors() as saved_llama:
     llama_block(x_llama)
 llama_shape = f"s={LS} b={LB} h={LH} a={LA} kv={LKV} m={LM}, bf16"
-llama_saved = ledger.record("activations.llama_block.saved_bytes", checks.expect_close(
+llama_saved = PAGE.check("activations.llama_block.saved_bytes", checks.expect_close(
     "Llama block activations", llama_shape, saved_llama.nbytes,
     llama_layer_bytes(LS, LB, LH, LA, LKV, LM), 0, "saved bytes",
     against="the per-operation count"), "bytes", fmt=",.0f", shape=llama_shape)
 korth_llama = {fused: korthikanti_layer_bytes(LS, LB, LH, LA, fused_attention=fused)
                for fused in (True, False)}
-llama_ratio = ledger.record(
+llama_ratio = PAGE.check(
     "activations.llama_block.measured_over_korthikanti", checks.expect_close(
         "Llama block activations", llama_shape, saved_llama.nbytes / korth_llama[True],
         llama_layer_bytes(LS, LB, LH, LA, LKV, LM) / korth_llama[True], 0, "ratio",
         against="the per-operation count over 34*s*b*h"), "ratio", fmt=".2f",
     shape=llama_shape,
     formula="Korthikanti Eq. 1 without the scores term, 34*s*b*h (fused attention)")
-llama_ratio_scores = ledger.claim(
+llama_ratio_scores = PAGE.state(
     "activations.llama_block.measured_over_korthikanti_with_scores",
     round(llama_saved / korth_llama[False], 2), "ratio", shape=llama_shape,
     formula="Korthikanti Eq. 1, 34*s*b*h + 5*a*s*s*b")
@@ -287,12 +286,12 @@ llama_arch = Architecture(vocab=2, hidden=LH, layers=1, heads=LA, kv_heads=LKV, 
 checks.expect_close("Llama block activations", llama_shape, saved_llama.nbytes,
                     block_bytes(llama_arch, LS, LB, norm="composite", bytes_per_element=2), 0,
                     "saved bytes", against="the calculator's count (guide.memory.activations)")
-show(table([("measured (hooks) = per-operation count", llama_saved),
+PAGE.show("activations.llama_block.table", [("measured (hooks) = per-operation count", llama_saved),
             ("Korthikanti 34·sbh (fused attention)", korth_llama[True]),
             ("Korthikanti 34·sbh + 5as²b", korth_llama[False])],
            ["one Llama-style block, " + llama_shape, "bytes"],
-           record=ledger, name="activations.llama_block.table", keys=["measured", "fused",
-                                                                     "with_scores"]))
+           keys=["measured", "fused",
+                                                                     "with_scores"])
 
 # %%
 # The block keeps :claim:`activations.llama_block.measured_over_korthikanti` times Korthikanti's
@@ -317,8 +316,8 @@ out = {att: saved_by_block(cfg, B, LONGEST)[1] for att, cfg in ATT.items()}
 gap = checks.expect_close("same attention", f"SDPA vs explicit, s={LONGEST}",
                           (out["sdpa"] - out["explicit"]).abs().max().item(), 0.0, 1e-5,
                           "max abs output difference")
-gap = ledger.record(f"tinylm.block.sdpa_vs_explicit.s{LONGEST}.max_output_gap", gap,
-                    "absolute", fmt=".1e", model=repr(BASE), micro_batch=B)
+gap = PAGE.check(f"tinylm.block.sdpa_vs_explicit.s{LONGEST}.max_output_gap", gap,
+                 "absolute", fmt=".1e", model=repr(BASE), micro_batch=B)
 print(f"largest output difference, SDPA vs explicit: {gap:.1e}")
 
 SEQS = (32, 64, 128, 256, 512)
@@ -359,9 +358,6 @@ plt.show()
 # resident memory after that forward and its peak during the step
 # (:class:`guide.memory.PeakMemory`), how often each block's forward runs, and the step time.
 CFG = ModelConfig(vocab=128, d_model=128, n_layers=4, n_heads=4, d_mlp=512, max_seq=128)
-PAGE = guide.Page(section="Memory", order=4, key_api="checkpoint_wrapper(", world_size=2,
-                  supports=(2, 4))
-N = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 SEQ, STEPS, MEASURED_STEP = 128, 6, 1  # step 0 warms up; 1 is measured; 2.. are timed
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=SEQ, vocab=CFG.vocab,
                             seed=0)
@@ -482,8 +478,8 @@ def ac_claim(name: str, value, unit: str, *, fmt: str | None = None, **extra) ->
     """Record one number of the checkpointing run, as printed: checked if ``value`` is what a
     check returned, computed otherwise (a number no independent value bounds)."""
     if isinstance(value, checks.Checked):
-        return ledger.record(f"tinylm.ac.{name}", value, unit, fmt=fmt, **AC, **extra)
-    return ledger.claim(f"tinylm.ac.{name}", value, unit, fmt=fmt, **AC, **extra)
+        return PAGE.check(f"tinylm.ac.{name}", value, unit, fmt=fmt, **AC, **extra)
+    return PAGE.state(f"tinylm.ac.{name}", value, unit, fmt=fmt, **AC, **extra)
 
 
 on_cpu = plain["device"] == "cpu"  # the plain formula is exact for the CPU kernels only
@@ -507,10 +503,10 @@ rows = [(mode, ac_claim(f"{mode}.saved_by_blocks", saved_mib[mode], "MiB", fmt="
                       "forwards", fmt=".0f")),
          1e3 * statistics.median(r["seconds"]))
         for mode, r in (("plain", plain), ("checkpointed", ckpt))]
-show(table(rows, COLS, formats={c: ".1f" if c.endswith("(median)") else ".2f"
+PAGE.show("tinylm.ac.table", rows, COLS, formats={c: ".1f" if c.endswith("(median)") else ".2f"
                                 for c in COLS[1:] if "forwards" not in c},
            title=f"{L} blocks, s={SEQ}, b={MICRO} per rank, h={CFG.d_model}, "
-                 f"FSDP2 over {N} ranks", record=ledger, name="tinylm.ac.table", **AC))
+                 f"FSDP2 over {N} ranks", **AC)
 
 # %%
 # The same run, summed up: the ratio and the drop are checked against the formulas (on CPU),
@@ -640,19 +636,19 @@ plt.show()
 # it (bf16 compute, fp32 AdamW, FSDP2) and Lightning's ``nn.Transformer`` demo (fp32 Adam), at
 # the world sizes of those measurements. The demo model is built on the meta device, so its
 # parameter count (printed) is torch's own.
-ZERO_K = constants.cite(ledger, "zero.figure1.k")
-DS_A, DS_C = (constants.cite(ledger, f"deepspeed.zero3_estimate.{k}")
+ZERO_K = PAGE.cite("zero.figure1.k")
+DS_A, DS_C = (PAGE.cite(f"deepspeed.zero3_estimate.{k}")
               for k in ("bytes_per_param", "largest_layer_bytes"))
-ACC = constants.cite(ledger, "accelerate.estimate_memory.adam_factor")
-TT = {k: constants.cite(ledger, f"torchtitan.llama3-8b.{k}") for k in (
+ACC = PAGE.cite("accelerate.estimate_memory.adam_factor")
+TT = {k: PAGE.cite(f"torchtitan.llama3-8b.{k}") for k in (
     "seq_len", "local_batch", "table1.world_size", "table1.memory", "table3.world_size",
     "table3.memory")}
-LT = {k: constants.cite(ledger, f"lightning.fsdp_guide.{k}")
+LT = {k: PAGE.cite(f"lightning.fsdp_guide.{k}")
       for k in ("world_size", "seq_len", "ddp.memory", "full_shard.memory")}
 zero = PRECISIONS["zero_mixed"]
 zero_bpp = state_bytes_for_count(1, "ddp", 1, "zero_mixed", "adamw",
                                  ddp_buckets=False).model_state
-zero_bpp = ledger.record("adamw.zero_mixed.bytes_per_param", checks.expect_close(
+zero_bpp = PAGE.check("adamw.zero_mixed.bytes_per_param", checks.expect_close(
     "ZeRO Figure 1", "2 + 2 + K", zero_bpp, zero.param + zero.grad + ZERO_K, 0,
     against="ZeRO's 2 + 2 + K"), "bytes per parameter", fmt=".0f",
     counts="model state (no DDP buckets)")
@@ -663,8 +659,8 @@ with torch.device("meta"):
                        num_decoder_layers=32, dim_feedforward=4096, batch_first=True),
         nn.Linear(1024, 33278)])
 l_shapes = [tuple(p.shape) for p in lightning.parameters()]
-l_params = ledger.claim("lightning-demo.params", sum(math.prod(s) for s in l_shapes),
-                        "parameters")
+l_params = PAGE.state("lightning-demo.params", sum(math.prod(s) for s in l_shapes),
+                      "parameters")
 l_largest = max(sum(math.prod(p.shape) for p in m.parameters(recurse=False))
                 for m in lightning.modules())
 llama = PRESETS["llama-3-8b"]  # Llama-3.1-8B has the same shapes
@@ -688,8 +684,8 @@ MODELS = {  # key: (label, shapes, params, largest module, strategy, N, precisio
 
 def gb(key: str, what: str, n_bytes: float, **extra) -> float:
     """One estimate in GB, recorded as printed (2 decimals)."""
-    return ledger.claim(f"estimators.{key}.{what}", round(n_bytes / GB, 2), "GB",
-                        optimizer="adamw", **extra)
+    return PAGE.state(f"estimators.{key}.{what}", round(n_bytes / GB, 2), "GB",
+                      optimizer="adamw", **extra)
 
 
 COLS = ["model state per rank (GB)", "params (B)", "this calculator",
@@ -708,21 +704,20 @@ for key, row in MODELS.items():
                      gb(key, "deepspeed", DS_A * n_params / n + DS_C * largest)
                      if sharded else None,
                      gb(key, "accelerate", ACC * load * n_params, load_bytes=load)))
-show(table(est_rows, COLS, formats={c: ".2f" for c in COLS[1:]}, record=ledger,
-            name="estimators.table"))
+PAGE.show("estimators.table", est_rows, COLS, formats={c: ".2f" for c in COLS[1:]})
 k8 = f"llama-3.1-8b.fsdp2.n{N8}"
 # AdamW's 0-d step counters; FSDP2's rows beyond an even split (fp32)
 steps_bytes = len(llama.param_shapes()) * OPTIMIZERS["adamw"].step_bytes
 padding = states[k8].params - 4 * ll_params // N8
 DIFF = dict(world_size=N8, precision="bf16_mixed", optimizer="adamw")
-differ = {name: ledger.claim(f"estimators.{k8}.{name}", value, "bytes", **DIFF)
+differ = {name: PAGE.state(f"estimators.{k8}.{name}", value, "bytes", **DIFF)
           for name, value in (("calculator_minus_zero",
                                states[k8].total - zero_bpp * ll_params // N8),
                               ("step_counters", steps_bytes),
                               ("padding_params_and_grads", 2 * padding))}
 ds_extra = gb(k8, "deepspeed_minus_zero",
               (DS_A - zero_bpp) * ll_params / N8 + DS_C * ll_largest)
-embedding = ledger.claim("llama-3.1-8b.embedding_params", ll_largest, "parameters")
+embedding = PAGE.state("llama-3.1-8b.embedding_params", ll_largest, "parameters")
 ds_fp16 = DS_A - zero_bpp  # DeepSpeed's bytes per parameter beyond ZeRO's
 lightning_buckets = gb(f"lightning-demo.ddp.n{N2}", "buckets",
                        states[f"lightning-demo.ddp.n{N2}"].buckets, precision="fp32")
@@ -780,17 +775,16 @@ PUBLISHED = {  # key: (label, measured bytes, model key in MODELS, seq_len, micr
                                     LT["full_shard.memory"] * MiB,
                                     f"lightning-demo.fsdp2.n{N2}", None, 1),
 }
-show(table([(label, seq or LT["seq_len"], micro, measured / GiB)
+PAGE.show("published.cited", [(label, seq or LT["seq_len"], micro, measured / GiB)
              for label, measured, _, seq, micro in PUBLISHED.values()],
             ["published (cited)", "tokens per sequence", "sequences per GPU",
-             "measured GiB"], formats={"measured GiB": ".1f"}, record=ledger,
-            name="published.cited"))
+             "measured GiB"], formats={"measured GiB": ".1f"})
 
 
 def gib(key: str, what: str, n_bytes: float, **extra) -> float:
     """One estimate in GiB, recorded as printed (1 decimal)."""
-    return ledger.claim(f"published.{key}.{what}", round(n_bytes / GiB, 1), "GiB",
-                        optimizer="adamw", ddp_buckets=True, **extra)
+    return PAGE.state(f"published.{key}.{what}", round(n_bytes / GiB, 1), "GiB",
+                      optimizer="adamw", ddp_buckets=True, **extra)
 
 
 pub_rows, pub_state = [], {}
@@ -811,28 +805,28 @@ for key, (label, measured, model, seq, micro) in PUBLISHED.items():
     pub_rows.append(row)
 COLS = ["per GPU (GiB)", "measured", "state", "err state", "calculator, selective AC",
         "err calculator"]
-show(table(pub_rows, COLS, formats={c: ("+.0%" if c.startswith("err") else ".1f")
-                                     for c in COLS[1:]}, record=ledger, name="published.table"))
+PAGE.show("published.table", pub_rows, COLS, formats={c: ("+.0%" if c.startswith("err") else ".1f")
+                                     for c in COLS[1:]})
 batch, seq = TT["local_batch"], TT["seq_len"]
-logits = ledger.claim("llama-3.1-8b.fp32_logits",
-                      round(batch * seq * llama.vocab * 4 / GiB, 1), "GiB",
-                      micro_batch=batch, seq_len=seq, vocab=llama.vocab)
+logits = PAGE.state("llama-3.1-8b.fp32_logits",
+                    round(batch * seq * llama.vocab * 4 / GiB, 1), "GiB",
+                    micro_batch=batch, seq_len=seq, vocab=llama.vocab)
 transformer = lightning[1]
 l_layers = len(transformer.encoder.layers) + len(transformer.decoder.layers)
 l_heads = transformer.encoder.layers[0].self_attn.num_heads
 l_act = l_layers * korthikanti_layer_bytes(
     LT["seq_len"], 1, transformer.d_model, l_heads,
     fused_attention=False) * 2  # Korthikanti's 16-bit bytes, doubled for fp32
-l_act = ledger.claim("lightning-demo.activations_estimate", round(l_act / MiB), "MiB",
-                     seq_len=LT["seq_len"], micro_batch=1, precision="fp32",
-                     estimate="Korthikanti Eq. 1, unfused")
+l_act = PAGE.state("lightning-demo.activations_estimate", round(l_act / MiB), "MiB",
+                   seq_len=LT["seq_len"], micro_batch=1, precision="fp32",
+                   estimate="Korthikanti Eq. 1, unfused")
 k128 = f"llama-3.1-8b.fsdp2.n{N128}"
-drops = (ledger.claim(f"published.llama-3.1-8b.n{N8}-to-n{N128}.state_drop",
-                      round((pub_state[k8] - pub_state[k128]) / GiB, 1), "GiB",
-                      precision="bf16_mixed", optimizer="adamw"),
-         ledger.claim(f"published.llama-3.1-8b.n{N8}-to-n{N128}.measured_drop",
-                      round(TT["table1.memory"] - TT["table3.memory"], 1), "GiB",
-                      source="torchtitan tables 1 and 3"))
+drops = (PAGE.state(f"published.llama-3.1-8b.n{N8}-to-n{N128}.state_drop",
+                    round((pub_state[k8] - pub_state[k128]) / GiB, 1), "GiB",
+                    precision="bf16_mixed", optimizer="adamw"),
+         PAGE.state(f"published.llama-3.1-8b.n{N8}-to-n{N128}.measured_drop",
+                    round(TT["table1.memory"] - TT["table3.memory"], 1), "GiB",
+                    source="torchtitan tables 1 and 3"))
 print(f"""
 Why they differ (causes named, not fitted):
 - torchtitan: the calculator counts what the run keeps under its selective (op) \

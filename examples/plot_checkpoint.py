@@ -97,7 +97,6 @@ def save_full(model, opt, path) -> tuple[dict, dict]:
 import shutil
 import time
 import warnings
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 from torch.distributed.checkpoint.format_utils import (
@@ -107,7 +106,7 @@ from torch.distributed.checkpoint.format_utils import (
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checkpoint, checks, claims, plotting, report
+from guide import checkpoint, checks, plotting, report
 from guide.data import synthetic_batches
 from guide.layout import full_state, local_tensor
 from guide.memory import (RESOLUTION_BYTES, PeakMemory, param_shapes, per_rank_state_bytes,
@@ -128,11 +127,10 @@ PAGE = guide.Page(section="Operate: checkpoints, clusters", order=2, key_api="dc
 SOURCE_N = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 SHAPES = param_shapes(build_model(CFG))
 ROOT = checkpoint.job_dir("guide-checkpoint")  # one path for every rank of every job
-ledger = claims.Ledger("plot_checkpoint")  # every number this page states
-PARAMS = ledger.claim("tinylm.1-block.params",
-                      sum(torch.Size(s).numel() for s in SHAPES), "parameters")
-TENSORS = ledger.claim("tinylm.1-block.tensors", len(SHAPES), "tensors")
-SEQUENCES = ledger.claim("checkpoint.batch.sequences", BATCHES.shape[1], "sequences")
+PARAMS = PAGE.state("tinylm.1-block.params",
+                    sum(torch.Size(s).numel() for s in SHAPES), "parameters")
+TENSORS = PAGE.state("tinylm.1-block.tensors", len(SHAPES), "tensors")
+SEQUENCES = PAGE.state("checkpoint.batch.sequences", BATCHES.shape[1], "sequences")
 SAVED = dict(model="tinylm-1-block", optimizer="adamw", world_size=SOURCE_N, steps=K)
 print(f"{PARAMS:,} parameters in {TENSORS} tensors; {K} + {K} AdamW steps on "
       f"batches of {SEQUENCES} sequences; checkpoints in {ROOT}")
@@ -394,8 +392,8 @@ forgot = target(SINGLE, ROOT, "1 process", with_optimizer=False)
 # parameter, ``exp_avg``, ``exp_avg_sq`` and ``step``. "bytes read" is what one rank of the target
 # read from the ``.distcp`` files: a rank fetches only the saved chunks that overlap its own rows.
 usage = checkpoint.disk_usage(checkpoint.step_dir(ROOT, K))
-CKPT_BYTES = ledger.claim("checkpoint.distcp_bytes", sum(usage.file_bytes), "bytes",
-                          **SAVED)
+CKPT_BYTES = PAGE.state("checkpoint.distcp_bytes", sum(usage.file_bytes), "bytes",
+                        **SAVED)
 
 
 def worst(a: dict, b: dict, part: str) -> float:
@@ -433,16 +431,15 @@ for (layout, n), res in results.items():
                  share_read(layout, n, res["bytes_read"]), res["load_s"]])
 # Computed: every target was checked bitwise (tolerance 0) just above, and a bound of 0 around a
 # gap of 0 is no value the ledger can record as asserted; the number is that check's result.
-ledger.claim("checkpoint.reshard.max_abs_diff", max(max(r[2:4]) for r in rows),
-             "absolute", guard="computed", **SAVED)
-reshard = report.table(rows, ["target", "placements", "max |Δ| params", "max |Δ| optimizer",
+PAGE.state("checkpoint.reshard.max_abs_diff", max(max(r[2:4]) for r in rows),
+           "absolute", guard="computed", **SAVED)
+PAGE.show("checkpoint.reshard", rows, ["target", "placements", "max |Δ| params", "max |Δ| optimizer",
                               "bytes read/rank", "of checkpoint", "load s"],
                        formats={"max |Δ| params": ".1e", "max |Δ| optimizer": ".1e",
                                 "of checkpoint": ".0%", "load s": ".2f"},
                        title=f"source: FSDP2 x{SOURCE_N}, AdamW, after {K} steps "
                              f"({CKPT_BYTES:,} bytes of .distcp files)",
-                       record=ledger, name="checkpoint.reshard", **SAVED)
-report.show(reshard)
+                       **SAVED)
 
 # %%
 # Each rank reads the rows it will hold: about ``1/S`` of the checkpoint when the target cuts each
@@ -479,9 +476,9 @@ plt.show()
 # :mod:`guide.checks`). A resume that forgot the optimizer state restarts Adam's moments and step
 # count, and must fail that same check.
 checks.assert_learns(f"FSDP2 x{SOURCE_N}, uninterrupted", src["losses"])
-TOL = ledger.claim("tolerance.param.adamw", checks.PARAM_TOL["adamw"], "absolute")
+TOL = PAGE.state("tolerance.param.adamw", checks.PARAM_TOL["adamw"], "absolute")
 adamw = make_optimizer("adamw", [torch.zeros(1, requires_grad=True)])
-LR = ledger.claim("adamw.lr", adamw.defaults["lr"], "per step")
+LR = PAGE.state("adamw.lr", adamw.defaults["lr"], "per step")
 print(f"AdamW's parameter tolerance {TOL:.0e} is {TOL / LR:g} of its learning rate "
       f"{LR:g}\n")
 params_after = {k: v for k, v in src["uninterrupted"].items() if k.startswith("model.")}
@@ -504,7 +501,7 @@ checks.expect(RESUMES, "optimizer state forgotten", not forgot_gap <= TOL,
               "cannot tell.")
 rows.append(["1 process, optimizer state not loaded", f"{TOL:.0e}",
              checks.max_abs_diff(src["losses"][K:], forgot["losses"]), forgot_gap])
-ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
+PAGE.state("tolerance.loss", checks.LOSS_TOL, "nats")
 same, others, without = rows[0], rows[1:-1], rows[-1]  # the source's own layout first
 resume = {  # claim: (printed gap, unit, the check that bounds it)
     "same_layout.loss_gap": (same[2], "nats", "loss equivalence"),
@@ -514,13 +511,12 @@ resume = {  # claim: (printed gap, unit, the check that bounds it)
     "without_optimizer_state.param_gap": (without[3], "absolute", RESUMES),
 }
 for claim, (gap, unit, check) in resume.items():
-    ledger.claim(f"checkpoint.resume.{claim}", float(f"{gap:.1e}"), unit,
-                 guard="computed", **SAVED)  # the {check} check bounds it; a max over runs
-resumes = report.table(rows, ["resumed run", "tolerance", "max |Δ| loss", "max |Δ| params"],
-                       formats={"max |Δ| loss": ".1e", "max |Δ| params": ".1e"},
-                       title=f"{K} steps after the checkpoint, against the run that never "
-                             "stopped", record=ledger, name="checkpoint.resume.table", **SAVED)
-report.show(resumes)
+    PAGE.state(f"checkpoint.resume.{claim}", float(f"{gap:.1e}"), unit,
+               guard="computed", **SAVED)  # the {check} check bounds it; a max over runs
+PAGE.show("checkpoint.resume.table", rows, ["resumed run", "tolerance", "max |Δ| loss", "max |Δ| params"],
+          formats={"max |Δ| loss": ".1e", "max |Δ| params": ".1e"},
+          title=f"{K} steps after the checkpoint, against the run that never "
+                "stopped", **SAVED)
 
 # %%
 # On disk
@@ -534,10 +530,10 @@ report.show(resumes)
 # so it dominates this toy and vanishes for real models.
 model_bytes = per_rank_state_bytes(SHAPES, "fsdp2", SOURCE_N, "fp32", "adamw",
                                    ddp_buckets=False)
-expected = ledger.claim("checkpoint.rank_file.params_and_optimizer_bytes",
-                        model_bytes.params + model_bytes.optimizer, "bytes",
-                        # computed: the model's prediction, the value the sizes are checked against
-                        guard="computed", precision="fp32", **SAVED)
+expected = PAGE.state("checkpoint.rank_file.params_and_optimizer_bytes",
+                      model_bytes.params + model_bytes.optimizer, "bytes",
+                      # computed: the model's prediction, the value the sizes are checked against
+                      guard="computed", precision="fp32", **SAVED)
 steps_bytes = len(SHAPES) * OPTIMIZERS["adamw"].step_bytes
 for r, held in enumerate(usage.tensor_bytes):
     checks.expect("checkpoint size", f"rank {r}",
@@ -549,18 +545,17 @@ checks.expect("checkpoint size", "all ranks",
               on_disk == SOURCE_N * expected - (SOURCE_N - 1) * steps_bytes,
               f"{on_disk:,} tensor bytes; expected {SOURCE_N} x {expected:,} less "
               f"{SOURCE_N - 1} x {steps_bytes:,} of step counters.")
-METADATA = ledger.claim("checkpoint.metadata_bytes", usage.metadata_bytes, "bytes",
-                        **SAVED)
-SAVE_S = ledger.claim("checkpoint.save_seconds", round(src["save_s"], 2), "s", **SAVED)
-disk = report.table(
-    [[f"rank {r}", usage.file_bytes[r], expected, usage.tensor_bytes[r], usage.entries[r],
-      usage.framing_bytes[r] / usage.entries[r]] for r in range(len(usage.file_bytes))],
-    ["rank", "file bytes", "model: params + optimizer", "tensor bytes", "records",
-     "framing/record"], formats={"framing/record": ",.0f"},
-    title=f".metadata: {METADATA:,} bytes; the save took {SAVE_S:.2f} s "
-          "(rank 0, publishing included)",
-    record=ledger, name="checkpoint.on_disk", precision="fp32", **SAVED)
-report.show(disk)
+METADATA = PAGE.state("checkpoint.metadata_bytes", usage.metadata_bytes, "bytes",
+                      **SAVED)
+SAVE_S = PAGE.state("checkpoint.save_seconds", round(src["save_s"], 2), "s", **SAVED)
+PAGE.show("checkpoint.on_disk",
+          [[f"rank {r}", usage.file_bytes[r], expected, usage.tensor_bytes[r], usage.entries[r],
+            usage.framing_bytes[r] / usage.entries[r]] for r in range(len(usage.file_bytes))],
+          ["rank", "file bytes", "model: params + optimizer", "tensor bytes", "records",
+           "framing/record"], formats={"framing/record": ",.0f"},
+          title=f".metadata: {METADATA:,} bytes; the save took {SAVE_S:.2f} s "
+                "(rank 0, publishing included)",
+          precision="fp32", **SAVED)
 
 # %%
 # The full state dict, and one file for ``torch.load``
@@ -592,19 +587,19 @@ peak_sharded_checked = checks.expect_order(
     low_name="rank 0's peak", high_name="1.5 x its share of the state", unit="bytes")
 ON_BIG = dict(model="checkpoint-big", optimizer="adamw", precision="fp32",
               world_size=SOURCE_N)
-BIG_PARAMS = ledger.claim("checkpoint.big.params",
-                          sum(torch.Size(s).numel() for s in big_shapes), "parameters")
-SHARE = ledger.claim("checkpoint.big.sharded_save.share_bytes", share.params + share.optimizer,
-                     "bytes", fmt=",.0f", **ON_BIG)  # computed: the memory model's prediction
+BIG_PARAMS = PAGE.state("checkpoint.big.params",
+                        sum(torch.Size(s).numel() for s in big_shapes), "parameters")
+SHARE = PAGE.state("checkpoint.big.sharded_save.share_bytes", share.params + share.optimizer,
+                   "bytes", fmt=",.0f", **ON_BIG)  # computed: the memory model's prediction
 big_table = report.table(
     [["sharded: get_state_dict + dcp.save",
-      ledger.record("checkpoint.big.sharded_save.peak_bytes", peak_sharded_checked, fmt=",.0f",
-                    **ON_BIG), SHARE],
+      PAGE.check("checkpoint.big.sharded_save.peak_bytes", peak_sharded_checked, fmt=",.0f",
+                 **ON_BIG), SHARE],
      ["full_state_dict=True, cpu_offload=True",
-      ledger.record("checkpoint.big.full_state_dict.peak_bytes", peak_full_checked, fmt=",.0f",
-                    **ON_BIG),
-      ledger.record("checkpoint.big.full_state_dict.held_bytes", held_checked, fmt=",.0f",
-                    **ON_BIG)]],
+      PAGE.check("checkpoint.big.full_state_dict.peak_bytes", peak_full_checked, fmt=",.0f",
+                 **ON_BIG),
+      PAGE.check("checkpoint.big.full_state_dict.held_bytes", held_checked, fmt=",.0f",
+                 **ON_BIG)]],
     ["rank 0 saving with", "peak memory (bytes)", "model state it stands for"],
     title=f"BIG: {BIG_PARAMS:,} parameters, AdamW, FSDP2 x{SOURCE_N}")
 report.show(big_table)
@@ -659,16 +654,16 @@ order = checks.expect_order("async_save", f"BIG, FSDP2 x{SOURCE_N}",
                            big["async_save_returned_s"] * 1e3, big["save_returned_s"] * 1e3,
                            low_name="async_save returned", high_name="dcp.save returned",
                            unit="ms")
-blocked = {"save": ledger.claim("checkpoint.big.save.returned_ms", order.reference, "ms",
-                                fmt=".0f", **ON_BIG),
-           "async_save": ledger.record("checkpoint.big.async_save.returned_ms", order, fmt=".0f",
-                                       **ON_BIG),  # ordered: below the blocking save
-           "publish": ledger.claim("checkpoint.big.publish_ms", big["publish_s"] * 1e3, "ms",
-                                   fmt=".0f", **ON_BIG)}
-SAVED_MS = ledger.claim("checkpoint.big.async_save.saved_ms",
-                        big["save_returned_s"] * 1e3 - big["async_save_returned_s"] * 1e3, "ms",
-                        fmt=".0f", **ON_BIG)  # the ordering's margin, as measured
-report.conclusion(
+blocked = {"save": PAGE.state("checkpoint.big.save.returned_ms", order.reference, "ms",
+                              fmt=".0f", **ON_BIG),
+           "async_save": PAGE.check("checkpoint.big.async_save.returned_ms", order, fmt=".0f",
+                                    **ON_BIG),  # ordered: below the blocking save
+           "publish": PAGE.state("checkpoint.big.publish_ms", big["publish_s"] * 1e3, "ms",
+                                 fmt=".0f", **ON_BIG)}
+SAVED_MS = PAGE.state("checkpoint.big.async_save.saved_ms",
+                      big["save_returned_s"] * 1e3 - big["async_save_returned_s"] * 1e3, "ms",
+                      fmt=".0f", **ON_BIG)  # the ordering's margin, as measured
+PAGE.conclude(
     f"BIG, rank 0: dcp.save returned to training after {blocked['save']:.0f} ms, "
     f"dcp.async_save after {blocked['async_save']:.0f} ms (the staging copy), {SAVED_MS:.0f} ms "
     "sooner; the publish "
@@ -697,9 +692,9 @@ checks.assert_params_match("meta + broadcast_from_rank0", reference_init,
                            against="one process's seeded model")
 # Computed: the check above only orders it above 0 (and not on one rank); its size has no
 # independent value.
-trap_gap = ledger.claim("checkpoint.meta_init.trap_gap", round(trap_gap, 2), "absolute",
-                        guard="computed", model="tinylm-1-block",
-                        world_size=len(meta))
+trap_gap = PAGE.state("checkpoint.meta_init.trap_gap", round(trap_gap, 2), "absolute",
+                      guard="computed", model="tinylm-1-block",
+                      world_size=len(meta))
 print(f"reset_parameters() on {len(meta)} ranks' shards: max |Δ| to the single-process "
       f"init {trap_gap:.2f}; identical local values on every rank: {same_everywhere}. "
       "set_model_state_dict(broadcast_from_rank0=True): bitwise equal")

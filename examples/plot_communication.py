@@ -77,12 +77,11 @@ import matplotlib.pyplot as plt
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 import guide
-from guide import checks, claims, comm
+from guide import checks, comm
 from guide.comm import CollectiveLog
 from guide.data import synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
-from guide.report import show, table
 from guide.training import make_optimizer, train_steps
 
 PAGE = guide.Page(section="Communication and time", order=1, key_api="fully_shard(", world_size=2,
@@ -95,22 +94,21 @@ CFG = ModelConfig(vocab=127, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=WARMUP + STEPS, batch_size=8, seq_len=16,
                             vocab=CFG.vocab, seed=0)
 
-ledger = claims.Ledger("plot_communication")  # every number this page states
 model = build_model(CFG)
 shapes = [p.shape for p in model.parameters()]
-PSI = ledger.claim("tinylm.padded.params", sum(math.prod(s) for s in shapes),
-                   "parameters", model=repr(CFG))
+PSI = PAGE.state("tinylm.padded.params", sum(math.prod(s) for s in shapes),
+                 "parameters", model=repr(CFG))
 SETUP = dict(model="tinylm-padded", world_size=WORLD_SIZE)
 # Computed from the shapes: each collective below is checked against the model built on these
 # padded sizes (check_volume), so a wrong padding fails there; the total has no second source.
-padded = ledger.claim(
+padded = PAGE.state(
     "tinylm.padded.fsdp2.buffer_elements",
     sum(comm.fsdp2_padded_numel(s, WORLD_SIZE) for s in shapes), "elements",
     guard="computed", **SETUP)
-padding = ledger.claim("tinylm.padded.fsdp2.padding_elements", padded - PSI, "elements",
-                       guard="computed", **SETUP)
-share = ledger.claim("tinylm.padded.fsdp2.padding_share", (padded - PSI) / PSI, "fraction",
-                     fmt=".3%", guard="computed", **SETUP)
+padding = PAGE.state("tinylm.padded.fsdp2.padding_elements", padded - PSI, "elements",
+                     guard="computed", **SETUP)
+share = PAGE.state("tinylm.padded.fsdp2.padding_share", (padded - PSI) / PSI, "fraction",
+                   fmt=".3%", guard="computed", **SETUP)
 print(f"Ψ = {PSI:,} parameters; FSDP2's buffers at {WORLD_SIZE} ranks hold {padded:,} "
       f"elements ({padding:,} of padding, {share:.3%})")
 
@@ -256,14 +254,13 @@ print(f"Per rank per step, {WORLD_SIZE} ranks, Ψ = {PSI:,}. AG/RS/AR/BC: calls 
 BYTES = ["bytes asked", "gloo wire", "gloo model", "nccl model"]
 print("Every run issued the collectives the model predicts, and every rank wrote the bytes "
       "gloo should send (the checks above).")
-show(table([[name, *(row["calls"][k] / STEPS for k in KINDS.values()),
+PAGE.show("tinylm.padded.per_step", [[name, *(row["calls"][k] / STEPS for k in KINDS.values()),
              row["zero_elems"] / PSI, row["gap"], row["asked_bytes"],
              row["gloo_wire"], row["gloo_model"], row["nccl_model"]]
             for name, row in stats.items()],
            ["run", *KINDS, "ZeRO elements (Ψ)", "model gap", *BYTES],
            formats={k: "g" for k in KINDS} | dict.fromkeys(BYTES, ",.0f")
-           | {"ZeRO elements (Ψ)": ".3f", "model gap": ".2%"}, record=ledger,
-           name="tinylm.padded.per_step", **SETUP))
+           | {"ZeRO elements (Ψ)": ".3f", "model gap": ".2%"}, **SETUP)
 
 # %%
 # Where in the step each collective runs, as the log labelled it (calls per step): FSDP2 gathers
@@ -278,10 +275,9 @@ checks.expect("comm phases", f"x{WORLD_SIZE}",
               all(sum(row["phases"][key] for key in PHASES.values())
                   == sum(row["calls"].values()) for row in stats.values()),
               "a collective ran in a phase the table below does not show.")
-show(table([[name, *(row["phases"][key] / STEPS for key in PHASES.values())]
+PAGE.show("tinylm.padded.calls_by_phase", [[name, *(row["phases"][key] / STEPS for key in PHASES.values())]
             for name, row in stats.items()],
-           ["run", *PHASES], formats=dict.fromkeys(PHASES, "g"), record=ledger,
-           name="tinylm.padded.calls_by_phase", **SETUP))
+           ["run", *PHASES], formats=dict.fromkeys(PHASES, "g"), **SETUP)
 
 # %%
 # 2Ψ vs 3Ψ: elements, bytes, and the wire
@@ -292,10 +288,9 @@ show(table([[name, *(row["phases"][key] / STEPS for key in PHASES.values())]
 ddp = stats["DDP"]
 RATIOS = {"elements": "zero_elems", "bytes": "asked_bytes", "gloo wire": "gloo_wire",
           "nccl wire": "nccl_model"}
-show(table([[name, *(row[key] / ddp[key] for key in RATIOS.values())]
+PAGE.show("tinylm.padded.over_ddp", [[name, *(row[key] / ddp[key] for key in RATIOS.values())]
             for name, row in stats.items()],
-           ["run", *RATIOS], formats=dict.fromkeys(RATIOS, ".3f"), record=ledger,
-           name="tinylm.padded.over_ddp", **SETUP))
+           ["run", *RATIOS], formats=dict.fromkeys(RATIOS, ".3f"), **SETUP)
 
 # %%
 # The ratios the text states, each checked against the model's ratio where one exists.
@@ -322,10 +317,10 @@ for claim, run, key, want, assumptions in CLAIMS:
         said[claim] = got
         continue
     if want is None:  # nothing independent to compare with: computed
-        said[claim] = ledger.claim(f"tinylm.padded.{claim}", got, "× DDP's", fmt=".3f",
-                                   **assumptions)
+        said[claim] = PAGE.state(f"tinylm.padded.{claim}", got, "× DDP's", fmt=".3f",
+                                 **assumptions)
         continue
-    said[claim] = ledger.record(f"tinylm.padded.{claim}", checks.expect_close(
+    said[claim] = PAGE.check(f"tinylm.padded.{claim}", checks.expect_close(
         "comm ratio", claim, got, want, checks.ELEMENT_TOL, f"measured ratio at {WORLD_SIZE} "
         "ranks", rel=True, against="the model's ratio"), "× DDP's", fmt=".3f", **assumptions)
 elems, bytes32, bytes16, gloo, ring, keep, zero1, keep16, ring16 = (said[c] for c, *_ in CLAIMS)

@@ -71,7 +71,7 @@ import time
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, compiled, plotting, report
+from guide import checks, compiled, plotting
 from guide.comm import CollectiveLog, fsdp2_groups, fsdp2_step, summarize
 from guide.data import rank_slice, synthetic_batches
 from guide.model import ModelConfig, build_model
@@ -85,7 +85,6 @@ CFG = ModelConfig(vocab=64, d_model=32, n_layers=4, n_heads=4, d_mlp=64, max_seq
 BATCHES = synthetic_batches(steps=STEPS, batch_size=2 * WORLD_SIZE, seq_len=8,
                             vocab=CFG.vocab, seed=0)
 RUNS = {"eager": None, "per-block compile": "blocks", "whole-model compile": "model"}
-ledger = claims.Ledger("plot_compile_fsdp2")
 SETUP = dict(model=repr(CFG), world_size=WORLD_SIZE, backend=BACKEND, steps=STEPS)
 
 
@@ -144,13 +143,12 @@ for name, ranks in runs.items():
                             calls[kind], 0, f"{kind} calls", unit="calls per step",
                             against="guide.comm.fsdp2_step's count")
         for kind in ("all_gather", "reduce_scatter")])
-TOL = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
-report.show(report.table(
-    rows, ["run", "max |Δloss| vs eager", "all-gathers/step", "reduce-scatters/step"],
-    formats={"max |Δloss| vs eager": ".1e", "all-gathers/step": ",.0f",
-             "reduce-scatters/step": ",.0f"},
-    title=f"tolerance {TOL:.0e}", record=ledger, name="compile-fsdp2.steps",
-    keys=["eager", "per-block", "whole-model"], **SETUP))
+TOL = PAGE.state("tolerance.loss", checks.LOSS_TOL, "nats")
+PAGE.show("compile-fsdp2.steps",
+          rows, ["run", "max |Δloss| vs eager", "all-gathers/step", "reduce-scatters/step"],
+          formats={"max |Δloss| vs eager": ".1e", "all-gathers/step": ",.0f",
+                   "reduce-scatters/step": ",.0f"},
+          title=f"tolerance {TOL:.0e}", keys=["eager", "per-block", "whole-model"], **SETUP)
 
 # %%
 # 2. One graph for every block, no recompile
@@ -194,11 +192,11 @@ def dynamo_row(name: str, d: compiled.CompileReport) -> list:
 
 
 DYN = dict(SETUP, rank=0)
-report.show(report.table(
-    [dynamo_row("per-block compile", blocks[0]), dynamo_row("whole-model compile", whole[0])],
-    ["rank 0", "frames compiled", "graphs", "ops captured", "recompiles", "graph breaks"],
-    formats={c: ",.0f" for c in ("graphs", "recompiles", "graph breaks")},
-    record=ledger, name="compile-fsdp2.dynamo", keys=["per-block", "whole-model"], **DYN))
+PAGE.show("compile-fsdp2.dynamo",
+          [dynamo_row("per-block compile", blocks[0]), dynamo_row("whole-model compile", whole[0])],
+          ["rank 0", "frames compiled", "graphs", "ops captured", "recompiles", "graph breaks"],
+          formats={c: ",.0f" for c in ("graphs", "recompiles", "graph breaks")},
+          keys=["per-block", "whole-model"], **DYN)
 
 # %%
 # 3. Where the whole-model compile breaks
@@ -229,13 +227,13 @@ for name, ranks in runs.items():
     d = ranks[0]["dynamo"]
     steady = statistics.median(ranks[0]["seconds"][1:])
     cost_rows.append([name, d.compile_seconds, ranks[0]["seconds"][0] - steady, steady * 1e3])
-report.show(report.table(
-    cost_rows, ["rank 0", "Dynamo compile (s)", "first step extra (s)", "steady step (ms)"],
-    formats={"Dynamo compile (s)": ".2f", "first step extra (s)": ".2f",
-             "steady step (ms)": ".1f"},
-    title="Measured on the build's CPU (timings vary with load; no GPU speed-up is claimed)",
-    record=ledger, name="compile-fsdp2.cost", keys=["eager", "per-block", "whole-model"],
-    **DYN))
+PAGE.show("compile-fsdp2.cost",
+          cost_rows, ["rank 0", "Dynamo compile (s)", "first step extra (s)", "steady step (ms)"],
+          formats={"Dynamo compile (s)": ".2f", "first step extra (s)": ".2f",
+                   "steady step (ms)": ".1f"},
+          title="Measured on the build's CPU (timings vary with load; no GPU speed-up is claimed)",
+          keys=["eager", "per-block", "whole-model"],
+          **DYN)
 
 plotting.style()
 fig, ax = plt.subplots(figsize=(7.5, 3.2))

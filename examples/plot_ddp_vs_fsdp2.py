@@ -65,7 +65,7 @@ def shard_fsdp2(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, plotting, report
+from guide import checks, plotting
 from guide.comm.cost import ring_bytes
 from guide.comm.expected import ddp_step, fsdp2_groups, fsdp2_step
 from guide.data import synthetic_batches
@@ -83,20 +83,18 @@ STEPS = 20
 CFG = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
                             vocab=CFG.vocab, seed=0)  # 4 sequences per rank, any N
-ledger = claims.Ledger("plot_ddp_vs_fsdp2")  # every number this page states
 MODEL = dict(model=repr(CFG))
 
 model = build_model(CFG)
-n_params = ledger.claim("tinylm.main.params", sum(p.numel() for p in model.parameters()),
-                        "parameters", **MODEL)
+n_params = PAGE.state("tinylm.main.params", sum(p.numel() for p in model.parameters()),
+                      "parameters", **MODEL)
 print(model)
-report.show(report.table(
-    [["TinyLM", CFG.n_layers, n_params, n_params * 4 / 2**20, STEPS, BATCHES.shape[1],
-      BATCHES.shape[2] - 1]],
-    ["model", "blocks", "parameters", "fp32 MiB", "global batches", "sequences each",
-     "tokens each"],
-    formats={"parameters": ",", "fp32 MiB": ".2f"}, record=ledger, name="tinylm.main",
-    keys=["setup"], **MODEL))
+PAGE.show("tinylm.main",
+          [["TinyLM", CFG.n_layers, n_params, n_params * 4 / 2**20, STEPS, BATCHES.shape[1],
+            BATCHES.shape[2] - 1]],
+          ["model", "blocks", "parameters", "fp32 MiB", "global batches", "sequences each",
+           "tokens each"],
+          formats={"parameters": ",", "fp32 MiB": ".2f"}, keys=["setup"], **MODEL)
 
 # %%
 # The training step is the same for all three runs
@@ -113,10 +111,9 @@ for opt, (losses, _) in REFERENCE.items():
     drop = checks.assert_learns(f"reference, {opt}", losses)  # as reference_run does
     ref_rows.append([OPTIMIZERS[opt].label, losses[0], losses[-1], drop])
 REF_COLS = ["reference", "loss at step 0", f"loss at step {STEPS - 1}", "loss drop"]
-with ledger.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
-    report.show(report.table(ref_rows, REF_COLS, formats={c: ".4f" for c in REF_COLS[1:]},
-                             record=ledger, name="main-example.reference",
-                             keys=list(REFERENCE)))
+with PAGE.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
+    PAGE.show("main-example.reference", ref_rows, REF_COLS, formats={c: ".4f" for c in REF_COLS[1:]},
+              keys=list(REFERENCE))
 
 # %%
 # The workers
@@ -166,9 +163,7 @@ for opt in ("sgd", "adamw"):
 # scale, would hide it, so both run.
 full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
 initial = full_state(model)
-loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
-param_tol = {opt: ledger.claim(f"tolerance.param.{opt}", checks.PARAM_TOL[opt],
-                               "absolute") for opt in ("sgd", "adamw")}
+loss_tol, param_tol = checks.LOSS_TOL, checks.PARAM_TOL  # the site's, shown in the table
 
 rows, loss_gaps = [], []
 for (strategy, opt), results in runs.items():
@@ -190,12 +185,10 @@ for (strategy, opt), results in runs.items():
     rows.append([run, d_loss, loss_tol, d_param, param_tol[opt]])
 
 COLS = ["run", "max loss gap", "loss tol", "max param gap", "param tol"]
-with ledger.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
-    gaps_table = report.table(rows, COLS, formats={c: ".1e" for c in COLS[1:]},
-                              record=ledger, name="main-example",
-                              keys=[f"{s.value}.{o}" for s, o in runs])
-    max_gap = ledger.record("main-example.max_loss_gap", max(loss_gaps), fmt=".1e")
-report.show(gaps_table)
+with PAGE.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
+    PAGE.show("main-example", rows, COLS, formats={c: ".1e" for c in COLS[1:]},
+              keys=[f"{s.value}.{o}" for s, o in runs])
+    max_gap = PAGE.check("main-example.max_loss_gap", max(loss_gaps), fmt=".1e")
 print("\nAll checks passed: DDP and FSDP2 reproduce the single-process run "
       "step for step.")
 
@@ -254,21 +247,20 @@ layout = {(s, lay.name, lay.rank): lay for s in (DDP_, FSDP2_)
           for r in runs[s, "adamw"] for lay in r.layouts}
 ranks = range(WORLD_SIZE)
 runs_ranks = [(s, r) for s in (DDP_, FSDP2_) for r in ranks]
-report.show(report.table(
-    [[name, full_shapes[name], *(layout[s, name, r].local_shape for s, r in runs_ranks)]
-     for name in shown],
-    ["parameter", "global", *(f"{s.label} r{r}" for s, r in runs_ranks)]))
+PAGE.show(None,
+          [[name, full_shapes[name], *(layout[s, name, r].local_shape for s, r in runs_ranks)]
+           for name in shown],
+          ["parameter", "global", *(f"{s.label} r{r}" for s, r in runs_ranks)])
 
 # %%
 # One rank's shards, added up: about 1/N of the parameters (checked), against DDP's whole model.
 share = {r: held_elements[r].scaled(1 / n_params, "fraction") for r in ranks}
-with ledger.scope(world_size=WORLD_SIZE, **MODEL):
-    holdings = report.table([[f"rank {r}", n_params, held_elements[r], share[r]] for r in ranks],
-                            ["FSDP2", "parameters (DDP: every rank)", "held", "share"],
-                            formats={"share": ".1%", "held": ",.0f"}, record=ledger,
-                            name="main-example.fsdp2.holdings", keys=[f"rank{r}" for r in ranks])
-    ledger.record("main-example.fsdp2.max_params_share", max(share.values()), fmt=".1%")
-report.show(holdings)
+with PAGE.scope(world_size=WORLD_SIZE, **MODEL):
+    PAGE.show("main-example.fsdp2.holdings",
+              [[f"rank {r}", n_params, held_elements[r], share[r]] for r in ranks],
+              ["FSDP2", "parameters (DDP: every rank)", "held", "share"],
+              formats={"share": ".1%", "held": ",.0f"}, keys=[f"rank{r}" for r in ranks])
+    PAGE.check("main-example.fsdp2.max_params_share", max(share.values()), fmt=".1%")
 
 # %%
 # Bytes per step
@@ -285,15 +277,14 @@ shapes = list(full_shapes.values())
 steps_by = {DDP_: ddp_step(shapes, WORLD_SIZE),
             FSDP2_: fsdp2_step(fsdp2_groups(model), WORLD_SIZE)}
 sent = {s: sum(ring_bytes(c) for c in calls) for s, calls in steps_by.items()}
-with ledger.scope(world_size=WORLD_SIZE, precision="fp32", **MODEL):
-    report.show(report.table(
-        [[s.label, len(calls), sent[s] / 2**10] for s, calls in steps_by.items()],
-        ["strategy", "collective calls", "KiB sent per rank (ring model)"],
-        formats={"KiB sent per rank (ring model)": ",.1f"}, record=ledger,
-        name="main-example.bytes", keys=[s.value for s in steps_by]))
-    ratio = ledger.claim("main-example.bytes_ratio", sent[FSDP2_] / sent[DDP_], "× DDP's",
-                         fmt=".2f")
-report.conclusion(
+with PAGE.scope(world_size=WORLD_SIZE, precision="fp32", **MODEL):
+    PAGE.show("main-example.bytes",
+              [[s.label, len(calls), sent[s] / 2**10] for s, calls in steps_by.items()],
+              ["strategy", "collective calls", "KiB sent per rank (ring model)"],
+              formats={"KiB sent per rank (ring model)": ",.1f"}, keys=[s.value for s in steps_by])
+    ratio = PAGE.state("main-example.bytes_ratio", sent[FSDP2_] / sent[DDP_], "× DDP's",
+                       fmt=".2f")
+PAGE.conclude(
     f"Same step, measured: the largest loss gap is {max_gap:.1e} nats. Memory: an FSDP2 rank "
     f"holds at most {max(share.values()):.1%} of the parameters, a DDP rank all of them. "
     f"Traffic: FSDP2 sends {ratio:.2f}x DDP's bytes per step (ring model). Use DDP while the "

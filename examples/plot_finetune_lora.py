@@ -171,7 +171,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import guide
-from guide import checkpoint, checks, claims, plotting, precision, report
+from guide import checkpoint, checks, plotting, precision, report
 from guide.comm import CollectiveLog, fsdp2_padded_numel
 from guide.data import synthetic_batches
 from guide.memory import (RESOLUTION_BYTES, PeakMemory, measure, per_rank_state_bytes,
@@ -192,7 +192,6 @@ BATCHES = synthetic_batches(steps=1, batch_size=2 * WORLD_SIZE, seq_len=16, voca
 ROOT = checkpoint.job_dir("guide-finetune")  # shared by the ranks: the export
 LOCAL = Path(tempfile.mkdtemp(prefix="guide-finetune-"))  # this process's own: the pretrained file
 PRETRAINED, EXPORTED = LOCAL / "pretrained.safetensors", ROOT / "merged.safetensors"
-ledger = claims.Ledger("plot_finetune_lora")
 RUN = dict(model="finetune-lm", lora_rank=LORA_RANK, world_size=WORLD_SIZE)
 
 
@@ -258,12 +257,12 @@ except RuntimeError as exc:
     missing_error = str(exc).splitlines()[1].strip()
 checks.expect("tied weights", "save_model", file_meta == tied_aliases(base),
               f"metadata {file_meta}, the model's ties {tied_aliases(base)}.")
-N_PARAMS = ledger.claim("finetune.params", sum(p.numel() for p in base.parameters()),
-                        "parameters", model="finetune-lm")
-MODEL_BYTES = ledger.claim("finetune.model_bytes", sum(p.nbytes for p in base.parameters()),
-                           "bytes", model="finetune-lm", precision="fp32")
-FILE_BYTES = ledger.claim("finetune.file_bytes", PRETRAINED.stat().st_size, "bytes",
-                          model="finetune-lm", precision="fp32")
+N_PARAMS = PAGE.state("finetune.params", sum(p.numel() for p in base.parameters()),
+                      "parameters", model="finetune-lm")
+MODEL_BYTES = PAGE.state("finetune.model_bytes", sum(p.nbytes for p in base.parameters()),
+                         "bytes", model="finetune-lm", precision="fp32")
+FILE_BYTES = PAGE.state("finetune.file_bytes", PRETRAINED.stat().st_size, "bytes",
+                        model="finetune-lm", precision="fp32")
 print(f"{N_PARAMS:,} parameters ({MODEL_BYTES / 2**20:.1f} MiB in fp32); the file "
       f"{FILE_BYTES:,} bytes, keys {len(file_keys)}, metadata {file_meta}")
 print(f"save_file(state_dict): {save_file_error}.")
@@ -499,43 +498,43 @@ EXPORTED_STATE = load_file(EXPORTED)
 MERGED_GAP = checks.assert_params_match("exported merged weights", REF_MERGED, EXPORTED_STATE,
                                         checks.PARAM_TOL["adamw"], check="merged weights",
                                         against="the single-process run's merged weights")
-n_trainable = ledger.claim("finetune.lora.trainable_params", sum(map(math.prod, TRAINABLE)),
-                           "parameters", model="finetune-lm", lora_rank=LORA_RANK)
+n_trainable = PAGE.state("finetune.lora.trainable_params", sum(map(math.prod, TRAINABLE)),
+                         "parameters", model="finetune-lm", lora_rank=LORA_RANK)
 RS_RUN = f"FSDP2 x{N}, LoRA"
 rows = [["trainable parameters", n_trainable, N_PARAMS + n_trainable],
         ["reduce-scattered elements per step",
-         ledger.record("finetune.lora.fsdp2.reduce_scatter_elements", checks.expect_close(
+         PAGE.check("finetune.lora.fsdp2.reduce_scatter_elements", checks.expect_close(
              "reduce-scatter volume", RS_RUN, rs, padded_trainable, 0, "elements",
              unit="elements/step", against="the trainable elements, padded"), fmt=",.0f",
              **RUN),
-         ledger.claim("finetune.full.fsdp2.reduce_scatter_elements", rs_full, "elements/step",
-                      **RUN)],
+         PAGE.state("finetune.full.fsdp2.reduce_scatter_elements", rs_full, "elements/step",
+                    **RUN)],
         ["all-gathered bytes per step",
-         ledger.record("finetune.lora.fsdp2.all_gather_bytes", checks.expect_close(
+         PAGE.check("finetune.lora.fsdp2.all_gather_bytes", checks.expect_close(
              "all-gather volume", RS_RUN, ag, ag_full, 0, "bytes", unit="bytes/step",
              against="full fine-tuning's all-gathered bytes"), fmt=",.0f", **RUN),
-         ledger.claim("finetune.full.fsdp2.all_gather_bytes", ag_full, "bytes/step", **RUN)]]
+         PAGE.state("finetune.full.fsdp2.all_gather_bytes", ag_full, "bytes/step", **RUN)]]
 for part in ("params", "grads", "optimizer"):  # LoRA: measured on rank 0 = predicted
     rows.append([f"{part} bytes on rank 0",
-                 ledger.record(f"finetune.lora.rank0.{part}_bytes", checks.expect_close(
+                 PAGE.check(f"finetune.lora.rank0.{part}_bytes", checks.expect_close(
                      "fine-tuning memory", "rank 0", getattr(LORA[0]["held"], part),
                      getattr(PRED[0], part), 0, part, unit="bytes",
                      against="finetune_state_bytes"), fmt=",.0f", optimizer="adamw", **RUN),
-                 ledger.claim(f"finetune.full.rank0.{part}_bytes", getattr(FULL_PRED, part),
-                              "bytes", optimizer="adamw", **RUN)])
+                 PAGE.state(f"finetune.full.rank0.{part}_bytes", getattr(FULL_PRED, part),
+                            "bytes", optimizer="adamw", **RUN)])
 # Each cell is a named claim (a check's value, or computed for full fine-tuning), so the table
 # itself records nothing more.
 report.show(report.table(rows, ["", f"LoRA, FSDP2 x{N}", "full fine-tuning"],
                          formats={f"LoRA, FSDP2 x{N}": ",.0f", "full fine-tuning": ",.0f"},
                          title="Measured (full fine-tuning's memory: predicted); AdamW, fp32"))
-moments = ledger.claim("finetune.lora.adam_moments_bytes", 2 * 4 * n_trainable, "bytes",
-                       model="finetune-lm", lora_rank=LORA_RANK)
-loss_gap, merged_gap = (ledger.record(f"finetune.lora.max_{what}_gap", gap, unit, fmt=".1e",
-                                      **RUN)
+moments = PAGE.state("finetune.lora.adam_moments_bytes", 2 * 4 * n_trainable, "bytes",
+                     model="finetune-lm", lora_rank=LORA_RANK)
+loss_gap, merged_gap = (PAGE.check(f"finetune.lora.max_{what}_gap", gap, unit, fmt=".1e",
+                                   **RUN)
                         for what, gap, unit in (("loss", LOSS_GAP, "nats"),
                                                 ("merged_weight", MERGED_GAP, "absolute")))
-counters = ledger.claim("finetune.lora.step_counters", len(TRAINABLE), "tensors", **RUN)
-report.conclusion(
+counters = PAGE.state("finetune.lora.step_counters", len(TRAINABLE), "tensors", **RUN)
+PAGE.conclude(
     f"Adam's moments of all adapters: {moments:,} bytes; rank 0 holds {PRED[0].optimizer:,} (its "
     f"1/N, plus {counters} step counters). Frozen parameters with a gradient: none. Against "
     f"one process: max |Δloss| {loss_gap:.1e}, max |Δ merged weight| {merged_gap:.1e}.")
@@ -577,9 +576,9 @@ for how, res in variants.items():
     calls = int(sum(v["calls"] for v in v_comm.values()))
     key = f"finetune.dtypes.{how}"
     rows.append([how, "trains", "+".join(wire),
-                 ledger.claim(f"{key}.all_gather_bytes", ag_v, "bytes/step", **RUN),
-                 ledger.claim(f"{key}.collectives", calls, "calls/step", **RUN), name,
-                 ledger.record(f"{key}.max_loss_gap", gap, "nats", fmt=".1e", **RUN)])
+                 PAGE.state(f"{key}.all_gather_bytes", ag_v, "bytes/step", **RUN),
+                 PAGE.state(f"{key}.collectives", calls, "calls/step", **RUN), name,
+                 PAGE.check(f"{key}.max_loss_gap", gap, "nats", fmt=".1e", **RUN)])
 checks.expect("bytes on the wire", "one_group",
               ("all_gather", "uint8") in variants["one_group"]["comm"],
               f"all-gathers {sorted(variants['one_group']['comm'])}.")
@@ -587,10 +586,10 @@ report.show(report.table(rows, ["layout", "", "all-gather dtype", "bytes/step",
                                 "collectives/step", "reference", "max |Δloss|"],
                          formats={"max |Δloss|": ".1e"}))
 print(f"\nmixed_trainable: {error}")
-at_rest = {p: ledger.claim(f"finetune.dtypes.{name}.rank0.params_bytes",
-                           finetune_state_bytes(FROZEN, TRAINABLE, N, frozen_precision=p,
-                                                trainable_precision="fp32",
-                                                optimizer="adamw")[0].params, "bytes", **RUN)
+at_rest = {p: PAGE.state(f"finetune.dtypes.{name}.rank0.params_bytes",
+                         finetune_state_bytes(FROZEN, TRAINABLE, N, frozen_precision=p,
+                                              trainable_precision="fp32",
+                                              optimizer="adamw")[0].params, "bytes", **RUN)
            for p, name in (("bf16", "adapters_apart"), ("fp32", "mp_policy"))}
 print(f"Parameters held by rank 0 between steps: {at_rest['bf16']:,} bytes with a bf16 base, "
       f"{at_rest['fp32']:,} with everything in fp32 (MixedPrecisionPolicy).")
@@ -619,7 +618,7 @@ checks.assert_losses_match(f"FSDP1 x{N}, LoRA", REF_LOSSES,
                            against=checks.SINGLE_PROCESS)
 checks.expect("FSDP1 refuses", "use_orig_params=False", "use_orig_params=False" in f1["refusal"],
               f"expected a ValueError, got {f1['refusal']!r}.")
-rs_f1 = ledger.record("finetune.lora.fsdp1.reduce_scatter_elements", checks.expect_order(
+rs_f1 = PAGE.check("finetune.lora.fsdp1.reduce_scatter_elements", checks.expect_order(
     "FSDP1 reduce-scatter volume", f"FSDP1 x{N}", block_elements, rs_f1, strict=False,
     low_name="the blocks' elements", high_name="FSDP1's reduce-scattered elements",
     unit="elements/step", keep="high"), fmt=",.0f", **RUN)
@@ -629,8 +628,8 @@ report.show(report.table([["trainable", n_trainable], ["FSDP2", rs],
                          formats={"reduce-scattered elements per step": ",.0f"}))
 warning = f1["warning"].splitlines()[0]
 for i, numel in enumerate(re.findall(r"(\d+) numel", warning)):  # torch's own numbers, quoted
-    ledger.claim(f"finetune.fsdp1.warning.numel{i}", int(numel), "elements",
-                 guard="cited: torch's FSDP1 warning, this run", **RUN)
+    PAGE.state(f"finetune.fsdp1.warning.numel{i}", int(numel), "elements",
+               guard="cited: torch's FSDP1 warning, this run", **RUN)
 print(f"\nFSDP1's warning: {warning}")
 print(f"use_orig_params=False: ValueError: {f1['refusal'].splitlines()[0]}")
 
@@ -647,7 +646,7 @@ print(f"use_orig_params=False: ValueError: {f1['refusal'].splitlines()[0]}")
 # receiver's rows.
 LARGEST = max(p.numel() * 4 for p in SHAPED.parameters())  # bytes of the largest fp32 tensor
 ADAPTER_BYTES = 4 * n_trainable
-res_mib = ledger.claim("memory.resolution_mib", RESOLUTION_BYTES / 2**20, "MiB", fmt=".0f")
+res_mib = PAGE.state("memory.resolution_mib", RESOLUTION_BYTES / 2**20, "MiB", fmt=".0f")
 MIB = 2**20
 naive, broadcast = [], []
 for r, res in enumerate(LORA):
@@ -669,17 +668,17 @@ for r, res in enumerate(LORA):
             unit="bytes")
     broadcast.append(peak.scaled(1 / MIB, "MiB"))
 # Computed: each rank compared its shards with the file bitwise before training (above).
-compared = ledger.claim("finetune.load.tensors_equal_to_file", LORA[0]["compared"], "tensors",
-                        **RUN)
+compared = PAGE.state("finetune.load.tensors_equal_to_file", LORA[0]["compared"], "tensors",
+                      **RUN)
 print(f"Each rank's shards of the {compared} pretrained tensors equal their rows of the file, "
       "bit for bit; the buffer is re-initialised.")
 rows = [[f"rank {r}",
-         ledger.record(f"finetune.load.naive.rank{r}.peak_mib", naive[r], fmt=".1f", **RUN),
-         ledger.record(f"finetune.load.broadcast.rank{r}.peak_mib", broadcast[r], fmt=".1f",
-                       **RUN),
-         ledger.claim(f"finetune.load.rank{r}.shard_mib", PRED[r].params / MIB, "MiB",
-                      fmt=".1f", **RUN)] for r in range(len(LORA))]
-model_mib = ledger.claim("finetune.model_mib", MODEL_BYTES / MIB, "MiB", fmt=".1f", **RUN)
+         PAGE.check(f"finetune.load.naive.rank{r}.peak_mib", naive[r], fmt=".1f", **RUN),
+         PAGE.check(f"finetune.load.broadcast.rank{r}.peak_mib", broadcast[r], fmt=".1f",
+                    **RUN),
+         PAGE.state(f"finetune.load.rank{r}.shard_mib", PRED[r].params / MIB, "MiB",
+                    fmt=".1f", **RUN)] for r in range(len(LORA))]
+model_mib = PAGE.state("finetune.model_mib", MODEL_BYTES / MIB, "MiB", fmt=".1f", **RUN)
 report.show(report.table(
     rows, ["", "naive: every rank loads the file", "rank 0 loads, broadcasts", "the rank's shard"],
     formats={c: ".1f" for c in ("naive: every rank loads the file", "rank 0 loads, broadcasts",
@@ -716,17 +715,17 @@ with torch.no_grad():
 OUT_TOL = 1e-4  # merged W + sBA against W x + s B A x in fp32: rounding only (logits of size ~1)
 out_gap = checks.expect_close("exported model", "load_model, 1 process", out_gap, 0.0, OUT_TOL,
                               "logits", unit="absolute", against="the sharded, unmerged model")
-peak0 = ledger.record("finetune.export.rank0.peak_mib", checks.expect_order(
+peak0 = PAGE.check("finetune.export.rank0.peak_mib", checks.expect_order(
     "export memory", "rank 0", exp0, high + gathering + RESOLUTION_BYTES, strict=False,
     low_name="rank 0's export peak", high_name="model + adapters + one tensor in flight",
     unit="bytes").scaled(1 / MIB, "MiB"), fmt=".1f", **RUN)
-peak_other = ledger.record("finetune.export.others.max_peak_mib", checks.expect_order(
+peak_other = PAGE.check("finetune.export.others.max_peak_mib", checks.expect_order(
     "export memory", "other ranks", max([r["export_peak"] for r in LORA[1:]], default=0),
     gathering + RESOLUTION_BYTES, strict=False, low_name="the others' export peak",
     high_name="one tensor in flight", unit="bytes").scaled(1 / MIB, "MiB"), fmt=".1f", **RUN)
-out_gap = ledger.record("finetune.export.max_logit_gap", out_gap, "absolute", fmt=".1e", **RUN)
-file_bytes = ledger.claim("finetune.export.file_bytes", EXPORTED.stat().st_size, "bytes", **RUN)
-report.conclusion(
+out_gap = PAGE.check("finetune.export.max_logit_gap", out_gap, "absolute", fmt=".1e", **RUN)
+file_bytes = PAGE.state("finetune.export.file_bytes", EXPORTED.stat().st_size, "bytes", **RUN)
+PAGE.conclude(
     f"Export: rank 0 peaked at {peak0:.1f} MiB for a {model_mib:.1f} MiB model, the others at "
     f"{peak_other:.1f} MiB at most; the file {file_bytes:,} bytes. One process loaded it: max "
     f"|Δlogit| {out_gap:.1e} against the sharded model.")

@@ -94,7 +94,7 @@ from torch.distributed.fsdp import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checkpoint, checks, claims, comm, plotting, precision, report
+from guide import checkpoint, checks, comm, plotting, precision, report
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.layout import local_tensor
@@ -115,11 +115,10 @@ CFG = ModelConfig(vocab=128, d_model=64, n_layers=2, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
                             vocab=CFG.vocab, seed=0)  # 4 sequences per rank
 BF16 = dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-ledger = claims.Ledger("plot_fsdp1_migration")  # every number this page states
-PARAMS = ledger.claim("tinylm.2-blocks.params",
-                      sum(p.numel() for p in build_model(CFG).parameters()),
-                      "parameters")
-BLOCKS = ledger.claim("fsdp1_migration.blocks", CFG.n_layers, "blocks", guard="computed")
+PARAMS = PAGE.state("tinylm.2-blocks.params",
+                    sum(p.numel() for p in build_model(CFG).parameters()),
+                    "parameters")
+BLOCKS = PAGE.state("fsdp1_migration.blocks", CFG.n_layers, "blocks", guard="computed")
 print(f"TinyLM with {BLOCKS} blocks, {PARAMS:,} parameters, on {WORLD_SIZE} "
       "ranks")
 
@@ -334,8 +333,8 @@ for (row, side), ranks in ROWS_RUN.items():
         dparam = checks.assert_params_match(run, ref_params, params,
                                             checks.PARAM_TOL["sgd"], against=checks.SINGLE_PROCESS)
         rows.append([row, side, dloss, checks.LOSS_TOL, dparam, "reference"])
-SGD_TOL = ledger.claim("tolerance.param.sgd", checks.PARAM_TOL["sgd"], "absolute")
-ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
+SGD_TOL = PAGE.state("tolerance.param.sgd", checks.PARAM_TOL["sgd"], "absolute")
+PAGE.state("tolerance.loss", checks.LOSS_TOL, "nats")
 EVERY_ROW = dict(model="tinylm-2-blocks", optimizer="sgd", world_size=WORLD_SIZE,
                  steps=STEPS)
 fp32 = [r for r in rows if r[0] != "MixedPrecision"]
@@ -349,17 +348,17 @@ worst = {  # claim: (the worst gap printed, unit, the check that bounds it)
 }
 for claim, (gap, unit, check) in worst.items():  # a gap a check returned carries that check
     if isinstance(gap, checks.Checked):
-        ledger.record(f"fsdp1_migration.{claim}", gap, unit, fmt=".1e", **EVERY_ROW)
+        PAGE.check(f"fsdp1_migration.{claim}", gap, unit, fmt=".1e", **EVERY_ROW)
     else:  # the bf16 loss gap: bounded by a heuristic (precision.assert_loss_gap_within)
-        ledger.claim(f"fsdp1_migration.{claim}", gap, unit, fmt=".1e", **EVERY_ROW)
-ledger.claim("fsdp1_migration.bf16.loss_gap_bound", float(f"{min(bf16_bounds):.1e}"),
-             "nats", **EVERY_ROW)
-show(table(rows, ["row", "side", "max |Δloss|", "loss tol", "max |Δparam|",
+        PAGE.state(f"fsdp1_migration.{claim}", gap, unit, fmt=".1e", **EVERY_ROW)
+PAGE.state("fsdp1_migration.bf16.loss_gap_bound", float(f"{min(bf16_bounds):.1e}"),
+           "nats", **EVERY_ROW)
+PAGE.show("fsdp1_migration.gaps", rows, ["row", "side", "max |Δloss|", "loss tol", "max |Δparam|",
                    "params against"],
             formats={"max |Δloss|": ".1e", "loss tol": ".1e", "max |Δparam|": ".1e"},
             title=f"Against the fp32 reference (parameter tol {SGD_TOL:.0e})",
-            record=ledger, name="fsdp1_migration.gaps", keys=[f"{r[0]}-{r[1]}" for r in rows],
-            **EVERY_ROW))
+            keys=[f"{r[0]}-{r[1]}" for r in rows],
+            **EVERY_ROW)
 
 # %%
 # 2. Collectives per step, against the model
@@ -394,22 +393,21 @@ for (row, side), ranks in ROWS_RUN.items():
              for k in ("all_gather", "reduce_scatter", "all_reduce")}
     if row in COUNTED:
         for kind in ("all_gather", "reduce_scatter"):
-            ledger.record(f"tinylm.2-blocks.{COUNTED[row]}.{kind}s_per_step",
-                          checks.expect_close("comm calls", f"{row}, {side}", calls[kind],
-                                              [c.kind for c in MODEL[row]].count(kind), 0,
-                                              what=f"{kind}s per step", unit="calls",
-                                              against="guide.comm for this row"),
-                          fmt=".0f")
-    sent = ledger.claim(f"fsdp1_migration.comm.{row.lower()}.bytes_per_step",
-                        sum(c.bytes for c in records) // (STEPS - 1), "bytes",
-                        # issue 23: unchecked, was asserted: comm volume
-                        guard="computed", **EVERY_ROW)
+            PAGE.check(f"tinylm.2-blocks.{COUNTED[row]}.{kind}s_per_step",
+                       checks.expect_close("comm calls", f"{row}, {side}", calls[kind],
+                                           [c.kind for c in MODEL[row]].count(kind), 0,
+                                           what=f"{kind}s per step", unit="calls",
+                                           against="guide.comm for this row"),
+                       fmt=".0f")
+    sent = PAGE.state(f"fsdp1_migration.comm.{row.lower()}.bytes_per_step",
+                      sum(c.bytes for c in records) // (STEPS - 1), "bytes",
+                      # issue 23: unchecked, was asserted: comm volume
+                      guard="computed", **EVERY_ROW)
     rows.append([row, side, *calls.values(), sent])
-show(table(rows, ["row", "side", "all-gathers", "reduce-scatters", "all-reduces",
+PAGE.show("fsdp1_migration.calls", rows, ["row", "side", "all-gathers", "reduce-scatters", "all-reduces",
                    "bytes"],
             title="Measured per step on rank 0, equal to the model (no_sync: per "
-                  "optimizer step)", record=ledger, name="fsdp1_migration.calls",
-            keys=[f"{r[0]}-{r[1]}" for r in rows], **EVERY_ROW))
+                  "optimizer step)", keys=[f"{r[0]}-{r[1]}" for r in rows], **EVERY_ROW)
 
 # %%
 # ``FULL_SHARD`` is ``reshard_after_forward=None``, not ``True``: FSDP1's all-gathers per step
@@ -420,13 +418,13 @@ fsdp1_gathers = [c.kind for c in ROWS_RUN["FULL_SHARD", "FSDP1"][0]["collectives
 true_gathers = sum(c.kind == "all_gather" for c in comm.fsdp2_step(
     comm.fsdp2_groups(build_model(CFG), True), WORLD_SIZE))
 FULL_SHARD_AS = {
-    "None (the default)": ledger.record(
+    "None (the default)": PAGE.check(
         "fsdp1_migration.full_shard.fsdp1_all_gathers_per_step",
         checks.expect_close("comm calls", "FULL_SHARD, FSDP1", fsdp1_gathers, len(gathers), 0,
                             what="all-gathers per step", unit="calls",
                             against="guide.comm for reshard_after_forward=None"),
         "calls", fmt=".0f", **EVERY_ROW),
-    "True": ledger.record(
+    "True": PAGE.check(
         "fsdp1_migration.full_shard.true_all_gathers_per_step",
         checks.expect_order("comm calls", "FULL_SHARD vs True", fsdp1_gathers, true_gathers,
                             low_name="FSDP1 FULL_SHARD, measured",
@@ -477,11 +475,11 @@ for (row, side), ranks in ROWS_RUN.items():
         checks.expect("memory", f"{row}, {side}, rank {r}", got == want,
                       f"measured {got}, model {want}")
     s = ranks[0]["state"]
-    total = ledger.record(f"fsdp1_migration.memory.{row.lower()}.{side.lower()}.total",
-                          checks.expect_close("memory", f"{row}, {side}, rank 0", s.total,
-                                              predicted_bytes(row, side, 0).total, 0,
-                                              against="guide.memory from the shapes"),
-                          "bytes", fmt=".0f", **EVERY_ROW)
+    total = PAGE.check(f"fsdp1_migration.memory.{row.lower()}.{side.lower()}.total",
+                       checks.expect_close("memory", f"{row}, {side}, rank 0", s.total,
+                                           predicted_bytes(row, side, 0).total, 0,
+                                           against="guide.memory from the shapes"),
+                       "bytes", fmt=".0f", **EVERY_ROW)
     rows.append([row, side, s.params, s.grads, s.buckets, total])
 show(table(rows, ["row", "side", "params", "grads", "DDP buckets", "total"],
             title="Bytes held by rank 0 between steps (measured = model on every "
@@ -507,10 +505,10 @@ def shown(named) -> list:
 SIDES = {"FSDP1, use_orig_params=False": ("FULL_SHARD", "FSDP1"),
          "FSDP1, use_orig_params=True": ("use_orig_params", "FSDP1"),
          "FSDP2": ("FULL_SHARD", "FSDP2")}
-show(table([[side, *shown(results[key][0]["named"])] for side, key in SIDES.items()],
-            ["side", "parameters", "the one holding blocks.0.qkv.weight", "type",
-             "rank 0 local"], title="named_parameters() on rank 0",
-            record=ledger, name="fsdp1_migration.named", **EVERY_ROW))
+PAGE.show("fsdp1_migration.named", [[side, *shown(results[key][0]["named"])] for side, key in SIDES.items()],
+          ["side", "parameters", "the one holding blocks.0.qkv.weight", "type",
+           "rank 0 local"], title="named_parameters() on rank 0",
+          **EVERY_ROW)
 
 # %%
 # The shapes in that table are the difference between the two designs. Below, each rank's share of
@@ -566,11 +564,10 @@ plt.show()
 # %%
 # The state-dict keys, unlike the parameter names, agree:
 keys = results["checkpoint"][0]["keys"]
-show(table([[f"{side}: {how}", len(keys[side]), keys[side]["blocks.0.qkv.weight"]]
-             for side, how in (("FSDP1", "SHARDED_STATE_DICT"),
-                               ("FSDP2", "get_state_dict"))],
-            ["model state dict", "keys", "blocks.0.qkv.weight is a"],
-            record=ledger, name="fsdp1_migration.state_dict", **EVERY_ROW))
+PAGE.show("fsdp1_migration.state_dict",
+          [[f"{side}: {how}", len(keys[side]), keys[side]["blocks.0.qkv.weight"]]
+           for side, how in (("FSDP1", "SHARDED_STATE_DICT"), ("FSDP2", "get_state_dict"))],
+          ["model state dict", "keys", "blocks.0.qkv.weight is a"], **EVERY_ROW)
 differ = sorted(set(keys["FSDP1"]) ^ set(keys["FSDP2"]))
 checks.expect("state-dict keys", "FSDP1 vs FSDP2", not differ, f"differ: {differ}")
 print(f"\nThe {len(keys['FSDP2'])} state-dict keys are the same on both sides, e.g. "
@@ -599,21 +596,21 @@ def gap_before(names: list[str], what: str) -> float:
     real gap."""
     gap = max((ckpt["fsdp1"][k] - ckpt["before"][k]).abs().max().item() for k in names)
     # A gap of 0 before loading: the load cannot be told from no load.
-    return ledger.record(f"fsdp1_migration.checkpoint.{what}_gap_before_load",
-                         checks.expect_order("checkpoint load", f"FSDP2 {what} before loading",
-                                             0.0, gap, low_name="0",
-                                             high_name=f"the {what} gap before loading",
-                                             keep="high"),
-                         "absolute", fmt=".2e", **ADAMW)
+    return PAGE.check(f"fsdp1_migration.checkpoint.{what}_gap_before_load",
+                      checks.expect_order("checkpoint load", f"FSDP2 {what} before loading",
+                                          0.0, gap, low_name="0",
+                                          high_name=f"the {what} gap before loading",
+                                          keep="high"),
+                      "absolute", fmt=".2e", **ADAMW)
 
 
 ADAMW = {**EVERY_ROW, "optimizer": "adamw"}
-n_moments = ledger.record("fsdp1_migration.checkpoint.moments", checks.expect_close(
+n_moments = PAGE.check("fsdp1_migration.checkpoint.moments", checks.expect_close(
     "checkpoint load", "FSDP2 optimizer state", len(moments), 2 * len(params), 0,
     what="Adam moments", unit="tensors", against="two per parameter"), fmt=".0f", **ADAMW)
-n_tensors = ledger.claim("fsdp1_migration.checkpoint.tensors", len(ckpt["fsdp2"]), "tensors",
-                         guard="computed", **ADAMW)
-gap = ledger.record("fsdp1_migration.checkpoint.gap_after_load", gap, "absolute", **ADAMW)
+n_tensors = PAGE.state("fsdp1_migration.checkpoint.tensors", len(ckpt["fsdp2"]), "tensors",
+                       guard="computed", **ADAMW)
+gap = PAGE.check("fsdp1_migration.checkpoint.gap_after_load", gap, "absolute", **ADAMW)
 print(f"{n_tensors} tensors ({len(params)} parameters, {int(n_moments)} Adam "
       f"moments): FSDP2 after loading differs from FSDP1 by {gap:.1e}. Before loading, "
       f"its parameters differed by up to {gap_before(params, 'params'):.2e} and its "

@@ -90,7 +90,7 @@ import matplotlib.pyplot as plt
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, claims, comm, report, sharding
+from guide import checks, comm, report, sharding
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.layout import full_state, local_tensor
@@ -105,7 +105,6 @@ PAGE = guide.Page(section="Configure FSDP2", order=4, key_api="set_requires_grad
                   world_size=2, supports=(2, 4))
 WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 K, B, STEPS = 4, 8, 3
-ledger = claims.Ledger("plot_gradient_accumulation")  # every number this page states
 CFG = ModelConfig(d_model=256, n_heads=4, d_mlp=1024, n_layers=4)
 BIG = synthetic_batches(steps=STEPS, batch_size=K * B, seq_len=16, vocab=CFG.vocab,
                         seed=0)
@@ -199,9 +198,9 @@ for (strategy, skip), res in results.items():
     dp = checks.assert_params_match(run_name, REF_PARAMS, res[0]["params"],
                                     checks.PARAM_TOL["sgd"], against=checks.SINGLE_PROCESS)
     rows.append([label(strategy, skip),
-                 ledger.record(claim_name(strategy, skip, "loss_gap"), dl, fmt=".1e", **SETUP),
-                 ledger.record(claim_name(strategy, skip, "param_gap"), dp, fmt=".1e",
-                               **SETUP)])
+                 PAGE.check(claim_name(strategy, skip, "loss_gap"), dl, fmt=".1e", **SETUP),
+                 PAGE.check(claim_name(strategy, skip, "param_gap"), dp, fmt=".1e",
+                            **SETUP)])
 report.show(report.table(rows, ["run", "max |Δloss|", "max |Δparam|"],
                          formats={"max |Δloss|": ".1e", "max |Δparam|": ".1e"}))
 
@@ -242,9 +241,9 @@ def calls(strategy: Strategy, skip: bool, kind: str) -> int:
     name = claim_name(strategy, skip, f"{kind}s_per_optimizer_step")
     got = count[strategy, skip][kind]
     if (strategy, skip, kind) not in MODEL:
-        return ledger.claim(name, got, "calls", **SETUP)
+        return PAGE.state(name, got, "calls", **SETUP)
     want, against = MODEL[strategy, skip, kind]
-    return ledger.record(name, checks.expect_close(
+    return PAGE.check(name, checks.expect_close(
         "sync skipped", f"{label(strategy, skip)} x{WORLD_SIZE}", got, want, 0,
         what=f"{kind}s per optimizer step", unit="calls", against=against), fmt=".0f", **SETUP)
 
@@ -280,34 +279,33 @@ for key, res in results.items():
     held_checked = checks.expect_close(
         "gradient memory", f"{label(*key)} x{WORLD_SIZE}", got, want, 0.1 * want + small,
         "bytes of gradients one micro-batch left behind", against="the parameter shapes")
-    checked[key] = ledger.record(claim_name(*key, "gradient_memory_held"),
-                                 held_checked.scaled(1 / MiB, "MiB"), fmt=".2f", **SETUP)
+    checked[key] = PAGE.check(claim_name(*key, "gradient_memory_held"),
+                              held_checked.scaled(1 / MiB, "MiB"), fmt=".2f", **SETUP)
     rows.append([label(*key), held[key] / MiB, visible[key] / MiB,
-                 ledger.claim(claim_name(*key, "gradient_memory_held.expected"),
-                              round(want / MiB, 2), "MiB", **SETUP)])
+                 PAGE.state(claim_name(*key, "gradient_memory_held.expected"),
+                            round(want / MiB, 2), "MiB", **SETUP)])
 checks.expect("gradient memory", f"FSDP2 x{WORLD_SIZE} without sync",
               visible[Strategy.FSDP2, True] == 0,
               ".grad was set before the last "
               "micro-batch; the page says FSDP2 holds the gradients internally.")
 COLUMNS = ["held (measured) MiB", "in .grad MiB", "expected MiB"]
-MEMORY = report.table(rows, ["run", *COLUMNS], formats=dict.fromkeys(COLUMNS, ".2f"),
-                      record=ledger, name="accumulation.memory", **SETUP)
-report.show(MEMORY)
+PAGE.show("accumulation.memory", rows, ["run", *COLUMNS], formats=dict.fromkeys(COLUMNS, ".2f"),
+          **SETUP)
 
 # %%
 # The trade-off, in two numbers: the reduce-scatters saved per optimizer step (checked against
 # ``(K - 1)`` times the units) and the gradient memory it costs per rank.
 fsdp2_rs = count[Strategy.FSDP2, False]["reduce_scatter"]
-saved = ledger.record("accumulation.fsdp2.sync_skipped.reduce_scatters_saved",
-                      checks.expect_close("sync skipped", f"FSDP2 x{WORLD_SIZE}",
-                                          fsdp2_rs - count[Strategy.FSDP2, True]["reduce_scatter"],
-                                          (K - 1) * n_units, 0, against="(K - 1) x the units"),
-                      "calls", fmt=".0f", **SETUP)
+saved = PAGE.check("accumulation.fsdp2.sync_skipped.reduce_scatters_saved",
+                   checks.expect_close("sync skipped", f"FSDP2 x{WORLD_SIZE}",
+                                       fsdp2_rs - count[Strategy.FSDP2, True]["reduce_scatter"],
+                                       (K - 1) * n_units, 0, against="(K - 1) x the units"),
+                   "calls", fmt=".0f", **SETUP)
 extra = held[Strategy.FSDP2, True] - held[Strategy.FSDP2, False]
 # Computed: a difference of two measurements each checked within ±10 %, not itself checked.
-extra = ledger.claim("accumulation.fsdp2.sync_skipped.extra_gradient_memory",
-                     extra / MiB, "MiB", fmt=".2f", **SETUP)
-report.conclusion(
+extra = PAGE.state("accumulation.fsdp2.sync_skipped.extra_gradient_memory",
+                   extra / MiB, "MiB", fmt=".2f", **SETUP)
+PAGE.conclude(
     f"FSDP2 trade-off at K={K}, N={WORLD_SIZE}: skipping the sync saves {saved:.0f} of "
     f"{fsdp2_rs} reduce-scatters per optimizer step and costs {extra:.2f} MiB more gradient "
     "memory per rank during accumulation: the full gradients, as DDP holds them.")

@@ -58,7 +58,7 @@ from matplotlib.ticker import MaxNLocator
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, claims, plotting, report, sharding
+from guide import checks, plotting, report, sharding
 from guide.data import rank_slice, synthetic_batches
 from guide.layout import full_state, local_tensor
 from guide.model import ModelConfig, build_model
@@ -71,7 +71,6 @@ WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE 
 STEPS = 20
 MAX_NORM = 0.9
 CFG = ModelConfig()
-ledger = claims.Ledger("plot_gradient_clipping")  # every number this page states
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab,
                             seed=0)
 
@@ -139,11 +138,11 @@ checks.expect("clipping is active", "reference",
               clipped > 0 and effect > 100 * checks.PARAM_TOL["sgd"],
               f"{clipped} clipped steps, effect {effect:.1e}; lower MAX_NORM.")
 setting = dict(model="tinylm-main", optimizer="sgd", steps=STEPS, max_norm=MAX_NORM)
-ledger.claim("gradient_clipping.max_norm", MAX_NORM, "gradient 2-norm")
-ledger.record("gradient_clipping.reference.clipped_steps", checks.expect_order(
+PAGE.state("gradient_clipping.max_norm", MAX_NORM, "gradient 2-norm")
+PAGE.check("gradient_clipping.reference.clipped_steps", checks.expect_order(
     "clipping is active", "reference", 0, clipped, low_name="0", high_name="clipped steps",
     keep="high"), "steps", fmt=".0f", **setting)
-effect = ledger.record("gradient_clipping.reference.param_shift", checks.expect_order(
+effect = PAGE.check("gradient_clipping.reference.param_shift", checks.expect_order(
     "clipping is active", "reference", 100 * checks.PARAM_TOL["sgd"], effect,
     low_name="100 x the parameter tolerance", high_name="clipping's effect", keep="high"),
     "max |Δparam|", fmt=".1e", **setting)
@@ -199,17 +198,15 @@ fsdp2 = dict(model="tinylm-main", optimizer="sgd", world_size=WORLD_SIZE,
 norms = ["reference", *(f"rank {r}" for r in range(WORLD_SIZE)),
          *(f"local r{r}" for r in range(WORLD_SIZE))]
 SHOWN_STEPS = range(0, STEPS, 5)
-NORMS = report.table([[s, REF.norms[s], *(r.norms[s] for r in results),
+PAGE.show("gradient_clipping.norms", [[s, REF.norms[s], *(r.norms[s] for r in results),
                        *(r.local_norms[s] for r in results)] for s in SHOWN_STEPS],
                      ["step", *norms], formats=dict.fromkeys(norms, ".6f"),
-                     record=ledger, name="gradient_clipping.norms",
                      keys=[f"step_{s}" for s in SHOWN_STEPS], **fsdp2)
-report.show(NORMS)
 
 # %%
 # Each gap against its tolerance (the checks above bound them):
-LOSS_TOL = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
-SGD_TOL = ledger.claim("tolerance.param.sgd", checks.PARAM_TOL["sgd"], "absolute")
+LOSS_TOL = PAGE.state("tolerance.loss", checks.LOSS_TOL, "nats")
+SGD_TOL = PAGE.state("tolerance.param.sgd", checks.PARAM_TOL["sgd"], "absolute")
 gaps = [  # (row, claim, measured gap, tolerance, the check that bounds it)
     ("max |norm − reference norm|", "norm_gap", norm_gap, LOSS_TOL, "clip norm"),
     ("max |Δloss|", "loss_gap", loss_gap, LOSS_TOL, "loss equivalence"),
@@ -218,8 +215,8 @@ gaps = [  # (row, claim, measured gap, tolerance, the check that bounds it)
      "clip norm"),
 ]
 report.show(report.table(
-    [[row, ledger.record(f"gradient_clipping.fsdp2.{name}", gap, "absolute", fmt=".1e",
-                         **fsdp2), tol]
+    [[row, PAGE.check(f"gradient_clipping.fsdp2.{name}", gap, "absolute", fmt=".1e",
+                      **fsdp2), tol]
      for row, name, gap, tol, check in gaps],
     ["gap", "measured", "tol"], formats={"measured": ".1e", "tol": ".0e"}))
 print(f"\nAll checks passed: on {WORLD_SIZE} ranks, clip_grad_norm_ returned the "

@@ -74,7 +74,7 @@ import dataclasses
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, comm, plotting, report
+from guide import checks, comm, plotting, report
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.layout import full_state, local_tensor, param_layouts
@@ -95,10 +95,9 @@ CFG = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256)
 BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
                             vocab=CFG.vocab, seed=0)  # 4 sequences per rank
 REFERENCE = {opt: reference_run(CFG, opt, BATCHES) for opt in ("sgd", "adamw")}
-ledger = claims.Ledger("plot_hsdp")  # every number this page states
-PARAMS = ledger.claim("tinylm.main.params",
-                      sum(p.numel() for p in build_model(CFG).parameters()),
-                      "parameters", model=repr(CFG))
+PARAMS = PAGE.state("tinylm.main.params",
+                    sum(p.numel() for p in build_model(CFG).parameters()),
+                    "parameters", model=repr(CFG))
 HSDP = dict(model="tinylm-main", world_size=WORLD_SIZE, replicas=REPLICAS,
             shards=SHARDS, global_batch=BATCHES.shape[1], steps_counted=STEPS - 1)
 print(f"{WORLD_SIZE} ranks as a {REPLICAS} x {SHARDS} mesh (replicate, shard); {STEPS} "
@@ -253,8 +252,8 @@ checks.expect("HSDP mesh", "init_device_mesh",
 def measured(name: str, value: float, unit: str, check: str) -> float:
     """Record a measured number as printed (a gap: 2 digits), with its check."""
     if isinstance(value, checks.Checked):  # a gap: guarded by the check that measured it
-        return ledger.record(name, value, unit, fmt=".1e", steps=STEPS, **HSDP)
-    return ledger.claim(name, value, unit, steps=STEPS, **HSDP)  # a count: computed
+        return PAGE.check(name, value, unit, fmt=".1e", steps=STEPS, **HSDP)
+    return PAGE.state(name, value, unit, steps=STEPS, **HSDP)  # a count: computed
 
 
 rows = []
@@ -276,11 +275,11 @@ for opt in ("sgd", "adamw"):
                                     "HSDP replicas"),
         "max |Δloss|": measured(f"hsdp.{opt}.loss_gap", dloss, "nats",
                                 "loss equivalence"),
-        "loss tol": ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats"),
+        "loss tol": PAGE.state("tolerance.loss", checks.LOSS_TOL, "nats"),
         "max |Δparam|": measured(f"hsdp.{opt}.param_gap", dparam, "absolute",
                                  "parameter equivalence"),
-        "param tol": ledger.claim(f"tolerance.param.{opt}", checks.PARAM_TOL[opt],
-                                  "absolute")})
+        "param tol": PAGE.state(f"tolerance.param.{opt}", checks.PARAM_TOL[opt],
+                                "absolute")})
 report.show(report.table(
     rows, formats={"max |Δloss|": ".1e", "loss tol": ".0e", "max |Δparam|": ".1e",
                    "param tol": ".0e"}))
@@ -331,22 +330,21 @@ def state_claim(name: str, what: str, held: StateBytes) -> int:
     value = getattr(held, what)
     claim = f"{name}.{'model_state' if what == 'model_state' else 'total_with_buckets'}_per_rank"
     if held is not hsdp:
-        return ledger.claim(claim, value, "bytes", **adamw)
-    return ledger.record(claim, checks.expect_close(
+        return PAGE.state(claim, value, "bytes", **adamw)
+    return PAGE.check(claim, checks.expect_close(
         "HSDP memory", "rank 0", value, getattr(predicted[0], what), 0, what=what, unit="bytes",
         against=f"guide.memory.state_bytes_by_rank('fsdp2', {SHARDS})"), **adamw)
 
 
-STATE = report.table(
-    [[label, s.params, s.grads, s.optimizer, state_claim(name, "model_state", s),
-      s.buckets, state_claim(name, "total", s) if s.buckets else s.total]
-     for label, (name, s) in compare.items()],
-    ["AdamW, per rank (bytes)", "params", "grads", "optimizer", "model state", "DDP buckets",
-     "total"], formats={"model state": ",.0f", "total": ",.0f"},
-    record=ledger, name="hsdp.state", keys=["ddp", "hsdp", "fsdp2"], **adamw)
-report.conclusion(f"Measured = model on all {WORLD_SIZE} ranks: each holds the model state of "
-                  f"FSDP2 over its shard group of {SHARDS} ranks.")
-report.show(STATE)
+PAGE.show("hsdp.state",
+          [[label, s.params, s.grads, s.optimizer, state_claim(name, "model_state", s),
+            s.buckets, state_claim(name, "total", s) if s.buckets else s.total]
+           for label, (name, s) in compare.items()],
+          ["AdamW, per rank (bytes)", "params", "grads", "optimizer", "model state", "DDP buckets",
+           "total"], formats={"model state": ",.0f", "total": ",.0f"},
+          keys=["ddp", "hsdp", "fsdp2"], **adamw)
+PAGE.conclude(f"Measured = model on all {WORLD_SIZE} ranks: each holds the model state of "
+              f"FSDP2 over its shard group of {SHARDS} ranks.")
 
 # %%
 # 5. Communication: inside the shard group, and across the replicas
@@ -379,10 +377,10 @@ def counted(kind: str) -> list[int]:
     calls = sum(c.kind == kind for c in records) / (STEPS - 1)
     numel = sum(c.numel for c in records if c.kind == kind) / (STEPS - 1)
     run, against = f"HSDP {REPLICAS}x{SHARDS}, rank 0, {kind}", "guide.comm.hsdp_step"
-    return [ledger.record(f"hsdp.step.{kind}.calls", checks.expect_close(
+    return [PAGE.check(f"hsdp.step.{kind}.calls", checks.expect_close(
                 "comm calls", run, calls, len(model), 0, what="calls per step", unit="calls",
                 against=against), fmt=".0f", **HSDP),
-            ledger.record(f"hsdp.step.{kind}.elements", checks.expect_close(
+            PAGE.check(f"hsdp.step.{kind}.elements", checks.expect_close(
                 "comm volume", run, numel, sum(c.numel for c in model), 0,
                 what="elements per step", unit="elements", against=against), fmt=",.0f", **HSDP)]
 
@@ -464,31 +462,31 @@ def kib(name: str, where: str, kinds: tuple[str, ...]) -> float:
     way. A price, not a byte count of the wire: gloo runs a reduce-scatter as an all-reduce."""
     priced = sum(sent[name][kind] for kind in kinds) / 2**10
     model = sum(comm.ring_bytes(c) for c in ACCUMULATION_MODEL[name] if c.kind in kinds) / 2**10
-    return ledger.record(f"hsdp.accumulation.{CLAIM[name]}.{where}_kib", checks.expect_close(
+    return PAGE.check(f"hsdp.accumulation.{CLAIM[name]}.{where}_kib", checks.expect_close(
         "comm volume", f"HSDP {REPLICAS}x{SHARDS}, K={K}, {name}", priced, model, 1e-9,
         what="ring-model KiB", unit="KiB", against="the accumulation model's calls, priced"),
         fmt=",.1f", micro_batches=K, **HSDP)
 
 
-report.show(report.table(
-    [[n, per_step[n].count("reduce_scatter") // (STEPS - 1),
-      per_step[n].count("all_reduce") // (STEPS - 1),
-      kib(n, "across_replicas", ("all_reduce",)),
-      kib(n, "inside_node", ("all_gather", "reduce_scatter"))]
-     for n in names],
-    ["accumulation", "reduce-scatters", "all-reduces", "across replicas (KiB)",
-     "inside the node (KiB)"],
-    formats={"across replicas (KiB)": ",.1f", "inside the node (KiB)": ",.1f"},
-    title=f"Per optimizer step of K={K} micro-batches, rank 0: calls counted, "
-          "KiB priced by the ring model",
-    record=ledger, name="hsdp.accumulation.table", keys=list(CLAIM.values()), micro_batches=K,
-    **HSDP))
+PAGE.show("hsdp.accumulation.table",
+          [[n, per_step[n].count("reduce_scatter") // (STEPS - 1),
+            per_step[n].count("all_reduce") // (STEPS - 1),
+            kib(n, "across_replicas", ("all_reduce",)),
+            kib(n, "inside_node", ("all_gather", "reduce_scatter"))]
+           for n in names],
+          ["accumulation", "reduce-scatters", "all-reduces", "across replicas (KiB)",
+           "inside the node (KiB)"],
+          formats={"across replicas (KiB)": ",.1f", "inside the node (KiB)": ",.1f"},
+          title=f"Per optimizer step of K={K} micro-batches, rank 0: calls counted, "
+                "KiB priced by the ring model",
+          keys=list(CLAIM.values()), micro_batches=K,
+          **HSDP)
 
 # %%
 # A check that fails stops the page with its name, so this line prints only when every check
 # above held.
-report.conclusion(f"All checks passed: HSDP on a {REPLICAS}x{SHARDS} mesh trains the "
-                  "single-process model, its replicas stay equal, and it sends what the model "
-                  "says.")
+PAGE.conclude(f"All checks passed: HSDP on a {REPLICAS}x{SHARDS} mesh trains the "
+              "single-process model, its replicas stay equal, and it sends what the model "
+              "says.")
 
 # sphinx_gallery_thumbnail_number = 1

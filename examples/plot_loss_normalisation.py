@@ -94,7 +94,7 @@ import matplotlib.pyplot as plt
 from torch.distributed.device_mesh import init_device_mesh
 
 import guide
-from guide import checks, claims, report, sharding
+from guide import checks, report, sharding
 from guide.data import rank_slice, synthetic_batches
 from guide.layout import full_state
 from guide.model import ModelConfig, build_model
@@ -107,7 +107,6 @@ PAGE = guide.Page(section="Configure FSDP2", order=5, key_api="set_gradient_divi
 WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 CFG = ModelConfig()
 STEPS, B, T = 3, 8, 16
-ledger = claims.Ledger("plot_loss_normalisation")  # every number this page states
 SETUP = dict(model="tinylm", optimizer="sgd", world_size=WORLD_SIZE, steps=STEPS, batch=B,
              seq_len=T)
 TOKENS = synthetic_batches(steps=STEPS, batch_size=B, seq_len=T, vocab=CFG.vocab, seed=0)
@@ -125,8 +124,8 @@ def rank_tokens(step: int, rank: int) -> int:
 
 counts = [[rank_tokens(s, r) for r in range(WORLD_SIZE)] for s in range(STEPS)]
 report.show(report.table(
-    [[f"rank {r}", *(ledger.claim(f"loss_norm.tokens.step{s}.rank{r}", counts[s][r], "tokens",
-                                  **SETUP) for s in range(STEPS))] for r in range(WORLD_SIZE)],
+    [[f"rank {r}", *(PAGE.state(f"loss_norm.tokens.step{s}.rank{r}", counts[s][r], "tokens",
+                                **SETUP) for s in range(STEPS))] for r in range(WORLD_SIZE)],
     ["rank", *(f"step {s} tokens" for s in range(STEPS))], title="Real tokens per rank"))
 checks.expect("unequal tokens", "the data", min(max(c) / min(c) for c in counts) >= 1.5,
               f"per-rank token counts {counts}: the page needs them unequal (by half again).")
@@ -203,7 +202,7 @@ def reference(objective: str) -> dict:
 
 
 per_rank = guide.launch(worker, WORLD_SIZE)
-ledger.claim("loss_norm.divide_factor", 1.0, "", fmt=".1f")  # the factor the runs' labels name
+PAGE.state("loss_norm.divide_factor", 1.0, "", fmt=".1f")  # the factor the runs' labels name
 REF = reference("tokens")
 REWEIGHTED = reference("rank means")
 
@@ -216,7 +215,7 @@ REWEIGHTED = reference("rank means")
 # a hundred times the tolerance: the gap is the bug, not rounding. What the per-rank mean computes
 # must in turn match, to the same tolerances, one process training on the reweighted objective.
 GRAD_TOL = 1e-6  # relative: fp32 reduction order, as checks.PARAM_TOL["sgd"] for parameters
-ledger.claim("tolerance.grad_rel", GRAD_TOL, "", fmt=".0e")
+PAGE.state("tolerance.grad_rel", GRAD_TOL, "", fmt=".0e")
 scale = max(g.abs().max().item() for g in REF["grads"].values())
 
 
@@ -243,8 +242,8 @@ for run in RUNS:
                                     low_name="a hundred times the tolerance",
                                     high_name="parameter gap", keep="high")
     rows.append([run.label,
-                 ledger.record(f"loss_norm.{run.key}.grad_gap", gaps[run.key], fmt=".1e", **SETUP),
-                 ledger.record(f"loss_norm.{run.key}.param_gap", pcell, fmt=".1e", **SETUP)])
+                 PAGE.check(f"loss_norm.{run.key}.grad_gap", gaps[run.key], fmt=".1e", **SETUP),
+                 PAGE.check(f"loss_norm.{run.key}.param_gap", pcell, fmt=".1e", **SETUP)])
 report.show(report.table(rows, ["loss", "max |Δgrad| / max |grad|", "max |Δparam|"],
                          formats={"max |Δgrad| / max |grad|": ".1e", "max |Δparam|": ".1e"},
                          title=f"Against one process on the whole batch (tolerance {GRAD_TOL:.0e})"))
@@ -253,8 +252,8 @@ bug = per_rank[0]["per_rank_mean"]
 explained = checks.assert_params_match(
     f"FSDP2 x{WORLD_SIZE}, per-rank mean", REWEIGHTED["params"], bug["params"],
     checks.PARAM_TOL["sgd"], against="one process on the mean of the rank slices' means")
-explained = ledger.record("loss_norm.per_rank_mean.matches_reweighted", explained, fmt=".1e",
-                          **SETUP)
+explained = PAGE.check("loss_norm.per_rank_mean.matches_reweighted", explained, fmt=".1e",
+                       **SETUP)
 print(f"\nThe per-rank mean trains on the mean of the ranks' means: its parameters match one "
       f"process minimising that objective within {explained:.1e}.")
 
@@ -269,7 +268,7 @@ print(f"\nThe per-rank mean trains on the mean of the ranks' means: its paramete
 # its own tokens: sum it over ranks (divide factor 1) or average it (``x N``) to log the global
 # mean. With equal token counts on every rank, all of this changes nothing: that is why the other
 # pages of this site can average per-rank means.
-report.conclusion(
+PAGE.conclude(
     f"With unequal token counts, averaging per-rank mean losses missed the single-process "
     f"gradient by {gaps['per_rank_mean']:.1e} (relative) without an error; dividing the summed "
     f"loss by the global token count and multiplying by N matched it to "

@@ -74,11 +74,11 @@ import math
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, memory
+from guide import checks, memory
 from guide.data import synthetic_batches
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
-from guide.report import conclusion, show, table
+from guide.report import show, table
 from guide.sharding import Strategy
 from guide.training import make_optimizer, train_steps
 from guide.optimizers import OPTIMIZERS
@@ -96,17 +96,16 @@ RUNS = (("fp32", "adamw"), ("bf16_mixed", "adamw"), ("bf16", "sgd_momentum"))
 TOLERANCE = 0.005  # the prediction is meant to be exact to the byte
 MiB = 2**20
 
-ledger = claims.Ledger("plot_memory_model_state")  # every number this page states
 MODEL = dict(model=repr(CFG))
 SHAPES = memory.param_shapes(build_model(CFG))
-n_params = ledger.claim("tinylm.awkward.params", sum(math.prod(s) for s in SHAPES),
-                        "parameters", **MODEL)
+n_params = PAGE.state("tinylm.awkward.params", sum(math.prod(s) for s in SHAPES),
+                      "parameters", **MODEL)
 uneven = sorted({s[0] for s in SHAPES if s[0] % 4}, reverse=True)  # split unevenly over 4
-show(table([["TinyLM, awkward", n_params, len(SHAPES), *uneven]],
-           ["model", "parameters", "tensors", *(f"uneven dim 0, #{i + 1}"
-                                                for i in range(len(uneven)))],
-           formats={"parameters": ","}, record=ledger, name="tinylm.awkward", keys=["shapes"],
-           **MODEL))
+PAGE.show("tinylm.awkward", [["TinyLM, awkward", n_params, len(SHAPES), *uneven]],
+          ["model", "parameters", "tensors", *(f"uneven dim 0, #{i + 1}"
+                                               for i in range(len(uneven)))],
+          formats={"parameters": ","}, keys=["shapes"],
+          **MODEL)
 
 # %%
 # One worker, every strategy
@@ -200,8 +199,8 @@ for (strategy, n), ranks in measured.items():
                               f"{got.model_state:,} B > {bound:,.0f} B")
 
 n_checks = sum(len(r) for r in measured.values()) * len(RUNS) * len(PARTS)
-tol = ledger.claim("tolerance.memory_prediction", TOLERANCE, "fraction")
-worst = ledger.record("memory-model-state.worst_prediction_gap", checks.expect_close(
+tol = PAGE.state("tolerance.memory_prediction", TOLERANCE, "fraction")
+worst = PAGE.check("memory-model-state.worst_prediction_gap", checks.expect_close(
     "model-state bytes", f"{n_checks} measurements", *zip(*pairs), TOLERANCE, rel=True,
     against="guide.memory from the shapes"), "fraction", fmt=".6f",
     world_sizes=WORLD_SIZES, checks=n_checks, **MODEL)
@@ -221,7 +220,7 @@ for precision, optimizer in RUNS:
     got = measured[Strategy.DDP, N][0][precision, optimizer]["held"].model_state / n_params
     want = memory.state_bytes_for_count(1, "ddp", 1, precision, optimizer,
                                         ddp_buckets=False).model_state
-    per_param[precision, optimizer] = ledger.record(
+    per_param[precision, optimizer] = PAGE.check(
         f"{optimizer}.{precision}.bytes_per_param", checks.expect_close(
             "bytes per parameter", f"DDP at N={N}, {precision} {optimizer}", got, want,
             TOLERANCE, rel=True, unit="bytes per parameter", against="ZeRO's formula"),
@@ -267,15 +266,15 @@ for (s, n), h in held.items():
     keys.append(f"{s.value}.n{n}")
 COLS = ["strategy", "N", "rank", "params", "grads", "optimizer", "buckets", "held",
         "state÷DDP", "held÷DDP"]
-with ledger.scope(precision="fp32", optimizer="adamw", ddp_buckets=True, **MODEL):
-    show(table(rows, COLS, formats={"state÷DDP": ".1%", "held÷DDP": ".1%"},
-               title="measured bytes on the fullest rank, fp32 AdamW (held = model state + "
-                     "DDP's buckets)", record=ledger, name="memory-model-state", keys=keys))
-    fsdp_state = ledger.record("memory-model-state.fsdp2.widest.model_state_vs_ddp",
-                               vs_ddp(Strategy.FSDP2, N, "model_state"), fmt=".1%",
-                               world_size=N)
-    fsdp_held = ledger.record("memory-model-state.fsdp2.widest.held_vs_ddp",
-                              vs_ddp(Strategy.FSDP2, N, "total"), fmt=".1%", world_size=N)
+with PAGE.scope(precision="fp32", optimizer="adamw", ddp_buckets=True, **MODEL):
+    PAGE.show("memory-model-state", rows, COLS, formats={"state÷DDP": ".1%", "held÷DDP": ".1%"},
+              title="measured bytes on the fullest rank, fp32 AdamW (held = model state + "
+                    "DDP's buckets)", keys=keys)
+    fsdp_state = PAGE.check("memory-model-state.fsdp2.widest.model_state_vs_ddp",
+                            vs_ddp(Strategy.FSDP2, N, "model_state"), fmt=".1%",
+                            world_size=N)
+    fsdp_held = PAGE.check("memory-model-state.fsdp2.widest.held_vs_ddp",
+                           vs_ddp(Strategy.FSDP2, N, "total"), fmt=".1%", world_size=N)
 
 # %%
 # ZeRO-1's optimizer state per rank at the widest N, measured, against the shares the prediction
@@ -289,17 +288,17 @@ shares = [checks.expect_close("model-state bytes", f"ZeRO-1 at N={N}, rank {r}",
                               rel=True, against="the predicted partition")
           for r, (z, w) in enumerate(zip(zero_n, zero_want))]
 most = max(range(N), key=lambda r: (shares[r], -r))
-with ledger.scope(world_size=N, precision="fp32", optimizer="adamw", **MODEL):
-    show(table([[f"rank {r}", z, s] for r, (z, s) in enumerate(zip(zero_n, shares))],
-               ["ZeRO-1", "optimizer bytes", "share"], formats={"share": ".1%"},
-               record=ledger, name=f"memory-model-state.zero1.n{N}",
-               keys=[f"rank{r}" for r in range(N)]))
-conclusion(f"At N={N} the fullest FSDP2 rank holds {fsdp_state:.1%} of DDP's model state "
-               f"(the rest of 1/N is padding and step counters) and {fsdp_held:.1%} of what a "
-               f"DDP rank holds with its buckets. Under ZeRO-1, rank {most} holds the largest "
-               f"optimizer share ({shares[most]:.1%}).")
-ledger.claim(f"memory-model-state.zero1.n{N}.fullest_rank", most, "rank", shown=str(most),
-             world_size=N, **MODEL)
+with PAGE.scope(world_size=N, precision="fp32", optimizer="adamw", **MODEL):
+    PAGE.show(f"memory-model-state.zero1.n{N}",
+              [[f"rank {r}", z, s] for r, (z, s) in enumerate(zip(zero_n, shares))],
+              ["ZeRO-1", "optimizer bytes", "share"], formats={"share": ".1%"},
+              keys=[f"rank{r}" for r in range(N)])
+PAGE.conclude(f"At N={N} the fullest FSDP2 rank holds {fsdp_state:.1%} of DDP's model state "
+              f"(the rest of 1/N is padding and step counters) and {fsdp_held:.1%} of what a "
+              f"DDP rank holds with its buckets. Under ZeRO-1, rank {most} holds the largest "
+              f"optimizer share ({shares[most]:.1%}).")
+PAGE.state(f"memory-model-state.zero1.n{N}.fullest_rank", most, "rank", shown=str(most),
+           world_size=N, **MODEL)
 
 # %%
 # Both FSDP2 rows are the same because ``reshard_after_forward=False`` changes what a rank holds
@@ -321,15 +320,15 @@ for (strategy, n), ranks in measured.items():
         checks.expect("parameters held after forward", run, got == want,
                       f"measured {got:,} B, predicted {want:,} B")
 no_reshard = measured[Strategy.FSDP2_NO_RESHARD, N][0]["fp32", "adamw"]
-with ledger.scope(world_size=N, precision="fp32", optimizer="adamw", **MODEL):
-    unsharded = ledger.record(
+with PAGE.scope(world_size=N, precision="fp32", optimizer="adamw", **MODEL):
+    unsharded = PAGE.check(
         f"memory-model-state.fsdp2_no_reshard.n{N}.unsharded_params", checks.expect_close(
             "parameters held after forward", f"FSDP2 no reshard at N={N}, rank 0",
             no_reshard["after_forward"], memory.unsharded_param_bytes(SHAPES, N, "fp32"),
             TOLERANCE, rel=True, unit="bytes", against="guide.memory from the shapes"),
         fmt=",")
-    times = ledger.claim(f"memory-model-state.fsdp2_no_reshard.n{N}.unsharded_vs_state",
-                         unsharded / held[Strategy.FSDP2, N].model_state, "x", fmt=".1f")
+    times = PAGE.state(f"memory-model-state.fsdp2_no_reshard.n{N}.unsharded_vs_state",
+                       unsharded / held[Strategy.FSDP2, N].model_state, "x", fmt=".1f")
 print(f"reshard_after_forward=False at N={N} additionally holds {unsharded:,.0f} B of "
       f"unsharded fp32 parameters between forward and backward ({times:.1f}x the "
       "rank's model state).")

@@ -75,7 +75,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import guide
-from guide import checks, claims, memory
+from guide import checks, memory
 from guide.data import rank_slice, synthetic_batches
 from guide.memory import PeakMemory, current_bytes, prepare, release_freed_heap
 from guide.model import ModelConfig, build_model
@@ -100,7 +100,6 @@ BATCHES = synthetic_batches(steps=1, batch_size=4, seq_len=16, vocab=128, seed=0
 #: parameter bytes; the measured growth ratio may differ from 1.25 N by RATIO_TOL.
 RESID_TOL, RESID_FLOOR_MIB, SLOPE_TOL = 0.05, 0.5, 0.1
 REMAINDER_MAX, RATIO_TOL = 0.6, 0.1
-ledger = claims.Ledger("plot_memory_vs_depth")  # every number this page states
 
 
 def config(n_layers: int) -> ModelConfig:
@@ -179,9 +178,9 @@ for (s, n), pts in points.items():
         checks.expect("held-state prediction", f"{s} x{n}, {depth} blocks",
                       got == predicted,
                       f"measured {got:,} B, predicted {predicted:,} B")
-n_points = ledger.claim("depth.held_state.points_checked", len(RUNS) * len(DEPTHS), "points",
-                        **MODEL)  # each checked above: measured == predicted, to the byte
-b_mib = ledger.claim("tinylm.depth.block_params_fp32", round(b, 3), "MiB", **MODEL)
+n_points = PAGE.state("depth.held_state.points_checked", len(RUNS) * len(DEPTHS), "points",
+                      **MODEL)  # each checked above: measured == predicted, to the byte
+b_mib = PAGE.state("tinylm.depth.block_params_fp32", round(b, 3), "MiB", **MODEL)
 print(f"one block: b = {b_mib:.3f} MiB of fp32 parameters; the measured state equals "
       f"the prediction to the byte at all {n_points} points")
 
@@ -237,8 +236,8 @@ def slope_claim(s: Strategy, n: int, what: str, value: float,
     at = dict(world_size=n, depths=DEPTHS, ddp_buckets=True, **MODEL)
     name = f"depth.{s.value}.n{n}.{what}"
     if isinstance(value, checks.Checked):
-        return ledger.record(name, value, unit, fmt=fmt, **at)
-    return ledger.claim(name, float(value), unit, fmt=fmt, **at)
+        return PAGE.check(name, value, unit, fmt=fmt, **at)
+    return PAGE.state(name, float(value), unit, fmt=fmt, **at)
 
 
 rows = [(f"{s} x{n}",
@@ -248,7 +247,7 @@ rows = [(f"{s} x{n}",
          slope_claim(s, n, "step_intercept", intercept, None),
          slope_claim(s, n, "step_max_residual", resid, "linear in depth"))
         for (s, n), (slope, intercept, resid, hs, _) in fits.items()]
-tols = {name: ledger.claim(f"tolerance.depth.{name}", v, unit) for name, v, unit in (
+tols = {name: PAGE.state(f"tolerance.depth.{name}", v, unit) for name, v, unit in (
     ("residual", RESID_TOL, "fraction of the rise"),
     ("residual_floor", RESID_FLOOR_MIB, "MiB"), ("slope", SLOPE_TOL, "fraction"),
     ("remainder", REMAINDER_MAX, "b"), ("ratio", RATIO_TOL, "fraction"))}
@@ -320,9 +319,9 @@ for n in NS:
         against="the model's ratio")
     at_n = dict(world_size=n, depths=DEPTHS, **MODEL)
     ratios[n] = (
-        ledger.record(f"depth.ddp_over_fsdp2.n{n}.peak_growth_measured", measured_ratio, "x",
-                      fmt=".2f", **at_n),
-        *(ledger.claim(f"depth.ddp_over_fsdp2.n{n}.{what}", v, "x", fmt=".2f", **at_n)
+        PAGE.check(f"depth.ddp_over_fsdp2.n{n}.peak_growth_measured", measured_ratio, "x",
+                   fmt=".2f", **at_n),
+        *(PAGE.state(f"depth.ddp_over_fsdp2.n{n}.{what}", v, "x", fmt=".2f", **at_n)
           for what, v in (("peak_growth_model", model_ratio),
                           ("held_state_growth_model", 1.25 * n), ("folklore", float(n)))))
 RATIO_COLS = ["world size", "peak: measured", "peak: model", "held: 5b/(4b/N)",
@@ -331,9 +330,9 @@ show(table([(f"N={n}", *v) for n, v in ratios.items()], RATIO_COLS,
             formats={c: ".2f" for c in RATIO_COLS[1:]},
             title="how many times faster DDP's per-rank peak grows with depth than "
                   "FSDP2's, first step"))
-overshoot = {n: ledger.claim(f"depth.fsdp2.n{n}.ddp_over_n_plus_block",
-                             round(ddp[n] / n + b, 3), "MiB per block", world_size=n,
-                             depths=DEPTHS, **MODEL) for n in NS}
+overshoot = {n: PAGE.state(f"depth.fsdp2.n{n}.ddp_over_n_plus_block",
+                           round(ddp[n] / n + b, 3), "MiB per block", world_size=n,
+                           depths=DEPTHS, **MODEL) for n in NS}
 fsdp2_step = dict(zip(NS, (row[1] for row in rows[len(NS):])))  # the recorded slopes
 print("\nAdding the gathered block to FSDP2's slope would overshoot: "
       + "; ".join(f"N={n}: DDP/N + b = {overshoot[n]:.3f} MiB/block against the "

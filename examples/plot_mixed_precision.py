@@ -67,13 +67,12 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 import guide
-from guide import checks, claims, precision
+from guide import checks, precision
 from guide.comm import CollectiveLog
 from guide.data import synthetic_batches
 from guide.layout import dtype_name
 from guide.model import ModelConfig, build_model
 from guide.plotting import FLOOR, legend_below, style
-from guide import report
 from guide.report import show, table
 from guide.training import make_optimizer, mean_over_ranks, train_steps
 from guide.reference import reference_run
@@ -83,7 +82,6 @@ PAGE = guide.Page(section="Configure FSDP2", order=3, key_api="MixedPrecisionPol
 WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 STEPS = 20
 CFG = ModelConfig()
-ledger = claims.Ledger("plot_mixed_precision")  # every number this page states
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab,
                             seed=0)
 
@@ -211,8 +209,8 @@ for op, result in support["bfloat16"].items():
     checks.expect("gloo bf16", f"{backend} x{WORLD_SIZE}", result == "ok",
                   f"{op} in bfloat16: {result}; the bf16 runs below depend on it.")
 # A count of the table's rows, each checked "ok" just above: computed (no other value to match).
-exact = ledger.claim(f"{backend}.bf16.collectives_exact", len(support["bfloat16"]),
-                     "collectives", world_size=WORLD_SIZE)
+exact = PAGE.state(f"{backend}.bf16.collectives_exact", len(support["bfloat16"]),
+                   "collectives", world_size=WORLD_SIZE)
 print(f"\n{backend} ran every collective FSDP2 needs in bfloat16 ({exact} of them), "
       "with exact results.")
 
@@ -272,8 +270,8 @@ ON_BLOCKS = dict(model="tinylm-main", param_dtype="bfloat16",
                  output_dtype="float32 on blocks", cast_forward_inputs=True)
 KEYS = ("block_outputs", "block_inputs", "ln_f_input")
 # dtype names, compared with WANT by the check above; the ledger keeps a string as computed.
-show(table([[place, ledger.claim(f"mixed_precision.output_dtype_on_blocks.{key}",
-                                  ", ".join(dtypes), "dtype", **ON_BLOCKS)]
+show(table([[place, PAGE.state(f"mixed_precision.output_dtype_on_blocks.{key}",
+                               ", ".join(dtypes), "dtype", **ON_BLOCKS)]
              for (place, dtypes), key in zip(seen.items(), KEYS)],
             ["where", "dtype"]))
 print(f"\nThe forward then stopped in ln_f: {od['error'] or 'it ran (not on CPU)'}")
@@ -295,13 +293,11 @@ for name, (_, param_dtype, reduce_dtype) in RUNS.items():
                       f"{kind} ran in {dtypes}, expected {want}.")
         wire[name, kind] = (sum(c.kind == kind for c in recs),
                             sum(c.bytes for c in recs if c.kind == kind))
-WIRE = table([[name, *wire[name, "all_gather"], *wire[name, "reduce_scatter"]]
+PAGE.show("mixed_precision.wire", [[name, *wire[name, "all_gather"], *wire[name, "reduce_scatter"]]
               for name in RUNS],
              ["run", "all-gathers", "AG bytes", "reduce-scatters", "RS bytes"],
-             record=ledger, name="mixed_precision.wire",
              keys=[claim_key(name).removeprefix("mixed_precision.") for name in RUNS],
              model="tinylm-main", world_size=WORLD_SIZE, step="first, rank 0")
-report.show(WIRE)
 
 # %%
 # Relative to the fp32 run, checked against the dtypes' sizes:
@@ -313,11 +309,11 @@ for name, said in (("bf16/fp32, SGD", (0.5, 1.0)), ("bf16/bf16, SGD", (0.5, 0.5)
                   f"all-gather and reduce-scatter bytes are {got} of fp32's, expected "
                   f"{said}.")
     for kind, ratio, want in zip(KINDS, got, said):
-        ledger.record(f"{claim_key(name)}.{kind}_bytes", checks.expect_close(
+        PAGE.check(f"{claim_key(name)}.{kind}_bytes", checks.expect_close(
             "wire bytes", f"FSDP2 x{WORLD_SIZE} {name}", ratio, want, 0,
             against="the dtypes' sizes"), "× fp32's", model="tinylm-main", world_size=WORLD_SIZE)
-report.conclusion("bf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype "
-                  "halves the reduce-scatter.")
+PAGE.conclude("bf16 parameters halve the all-gather bytes; only a bf16 reduce_dtype "
+              "halves the reduce-scatter.")
 
 # %%
 # How close must the bf16 loss be?
@@ -346,15 +342,15 @@ report.conclusion("bf16 parameters halve the all-gather bytes; only a bf16 reduc
 # The step-0 gap isolates the forward's rounding: both runs start from identical weights.
 u = precision.unit_roundoff(BF16)
 checks.expect("unit roundoff", "bfloat16", u == 2**-8, f"u = {u}, not 2**-8.")
-u = ledger.record("bf16.unit_roundoff", checks.expect_close(
+u = PAGE.check("bf16.unit_roundoff", checks.expect_close(
     "unit roundoff", "bfloat16", u, torch.finfo(BF16).eps / 2, 0,
     against="torch.finfo(bfloat16).eps / 2"), "relative")
-bits = ledger.record("bf16.significant_bits", checks.expect_close(
+bits = PAGE.check("bf16.significant_bits", checks.expect_close(
     "bf16 format", "bfloat16", 1 - math.log2(torch.finfo(BF16).eps), 8, 0,
     against="bfloat16's format: 7 stored fraction bits + 1 implicit"), "bits", fmt=".0f")
-eps = ledger.claim("bf16.finfo_eps", torch.finfo(BF16).eps, "relative",
-                   guard="cited: torch.finfo(torch.bfloat16).eps", fmt=".6f")
-u32 = ledger.record("fp32.unit_roundoff", checks.expect_close(
+eps = PAGE.state("bf16.finfo_eps", torch.finfo(BF16).eps, "relative",
+                 guard="cited: torch.finfo(torch.bfloat16).eps", fmt=".6f")
+u32 = PAGE.check("fp32.unit_roundoff", checks.expect_close(
     "unit roundoff", "float32", precision.unit_roundoff(FP32), torch.finfo(FP32).eps / 2, 0,
     against="torch.finfo(float32).eps / 2"), "relative", fmt=".2e")
 print(f"bf16: {bits:.0f} significant bits, u = {u:.6f} (finfo eps = {eps:.6f}); "
@@ -373,14 +369,13 @@ for name, (opt, param_dtype, _) in RUNS.items():
                  checks.expect_order("loss gap bound", run, worst, 1.0,
                                      low_name="largest gap / u·L", high_name="1",
                                      strict=False)])
-loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
+loss_tol = PAGE.state("tolerance.loss", checks.LOSS_TOL, "nats")
 print(f"fp32, SGD matches the reference within {loss_tol:.0e} (no bf16 anywhere).")
-GAPS = table(rows, ["run", "step-0 gap", "of u·L", "largest gap", "of the bound, at most"],
-             formats={"step-0 gap": ".1e", "of u·L": ".1%", "largest gap": ".1e",
-                      "of the bound, at most": ".1%"},
-             record=ledger, name="mixed_precision.loss_gap",
-             keys=[claim_key(name).removeprefix("mixed_precision.") for name in gaps], **SETUP)
-report.show(GAPS)
+PAGE.show("mixed_precision.loss_gap", rows,
+          ["run", "step-0 gap", "of u·L", "largest gap", "of the bound, at most"],
+          formats={"step-0 gap": ".1e", "of u·L": ".1%", "largest gap": ".1e",
+                   "of the bound, at most": ".1%"},
+          keys=[claim_key(name).removeprefix("mixed_precision.") for name in gaps], **SETUP)
 
 # %%
 # The same, drawn: ``|loss - fp32 reference|`` per step for each bf16 run (solid, log scale), and
@@ -424,9 +419,9 @@ def lost_share(name: str, end: str) -> float:
     independent value and stays computed."""
     share, claim = (min if end == "min" else max)(lost[name]), f"{claim_key(name)}.lost_in_bf16"
     if end == "max":
-        return ledger.claim(f"{claim}.max", round(share, 2), "fraction of changed elements",
-                            **SETUP)
-    return ledger.record(f"{claim}.min", checks.expect_order(
+        return PAGE.state(f"{claim}.max", round(share, 2), "fraction of changed elements",
+                          **SETUP)
+    return PAGE.check(f"{claim}.min", checks.expect_order(
         "master weights", f"FSDP2 x{WORLD_SIZE} {name}", 0.0, share, low_name="0",
         high_name="share lost in bf16, min over ranks", keep="high"),
         "fraction of changed elements", fmt=".2f", **SETUP)

@@ -76,13 +76,12 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 import guide
-from guide import checks, claims, memory
+from guide import checks, memory
 from guide.data import synthetic_batches
 from guide.memory import (PeakMemory, current_bytes, data_segment_bytes, prepare,
                           release_freed_heap)
 from guide.model import ModelConfig, build_model
 from guide.plotting import legend_below, style
-from guide.report import conclusion, show, table
 from guide.sharding import Strategy
 from guide.training import make_optimizer, mean_over_ranks, train_steps
 from guide.reference import reference_run
@@ -101,15 +100,14 @@ WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE 
 FSDP_NS = (WORLD_SIZE,) if guide.under_torchrun() else (2, 4)
 if guide.under_torchrun():  # this process runs the jobs: no big allocation may stay in its heap,
     prepare()  # where freed space is reused without growing the data segment the budget caps
-ledger = claims.Ledger("plot_oom_ddp_vs_fsdp2")  # every number this page states
 RUN = dict(model=repr(CFG), optimizer=OPTIMIZER, precision="fp32", steps=STEPS)
 
 SHAPES = memory.param_shapes(build_model(CFG))
-n_params = ledger.claim("tinylm.oom.params", sum(math.prod(s) for s in SHAPES),
-                        "parameters", model=repr(CFG))
+n_params = PAGE.state("tinylm.oom.params", sum(math.prod(s) for s in SHAPES),
+                      "parameters", model=repr(CFG))
 P = n_params * 4
-p_mib = ledger.claim("tinylm.oom.params_fp32", round(P / MiB, 1), "MiB",
-                     model=repr(CFG))
+p_mib = PAGE.state("tinylm.oom.params_fp32", round(P / MiB, 1), "MiB",
+                   model=repr(CFG))
 print(f"model: {n_params:,} parameters, P = {p_mib:.1f} MiB in fp32")
 
 # %%
@@ -203,12 +201,12 @@ need = max(r.peak for r in ddp_free)
 need_order = checks.expect_order("DDP out of memory", f"DDP x{WORLD_SIZE}", headroom / MiB,
                                  need / MiB, low_name="the headroom",
                                  high_name="DDP's unconstrained peak", unit="MiB", keep="high")
-start_mib = ledger.claim("oom.fresh_rank.vmdata", round(START / MiB), "MiB",
-                         world_size=" and ".join(map(str, sorted({WORLD_SIZE, *FSDP_NS}))))
-budget = ledger.claim("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADROOM,
+start_mib = PAGE.state("oom.fresh_rank.vmdata", round(START / MiB), "MiB",
+                       world_size=" and ".join(map(str, sorted({WORLD_SIZE, *FSDP_NS}))))
+budget = PAGE.state("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADROOM,
+                    **RUN)
+need_mib = PAGE.check(f"oom.ddp.n{WORLD_SIZE}.unconstrained_peak", need_order, fmt=".0f",
                       **RUN)
-need_mib = ledger.record(f"oom.ddp.n{WORLD_SIZE}.unconstrained_peak", need_order, fmt=".0f",
-                         **RUN)
 # Under torchrun the ranks are not fresh: they ran this script (and the reference) first.
 where = ("torchrun's ranks start the jobs" if guide.under_torchrun()
          else "a fresh rank starts")
@@ -256,7 +254,7 @@ checks.expect("DDP out of memory", f"DDP x{WORLD_SIZE}",
 print(str(oom).split("\n\n")[0])
 
 fsdp = {n: run_under_budget(Strategy.FSDP2, n) for n in FSDP_NS}
-loss_tol = ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats")
+loss_tol = PAGE.state("tolerance.loss", checks.LOSS_TOL, "nats")
 for n, results in fsdp.items():
     checks.expect("FSDP2 fits", f"FSDP2 x{n}", isinstance(results, list),
                   f"ran out of memory under {BUDGET_MIB} MiB per rank: "
@@ -264,8 +262,8 @@ for n, results in fsdp.items():
     gap = checks.assert_losses_match(f"FSDP2 x{n} under {BUDGET_MIB} MiB", ref_losses,
                                      mean_over_ranks([r.losses for r in results]),
                                      against=checks.SINGLE_PROCESS)
-    gap = ledger.record(f"oom.fsdp2.n{n}.max_loss_gap", gap, fmt=".1e", budget_mib=BUDGET_MIB,
-                        **RUN)
+    gap = PAGE.check(f"oom.fsdp2.n{n}.max_loss_gap", gap, fmt=".1e", budget_mib=BUDGET_MIB,
+                     **RUN)
     print(f"FSDP2 x{n}: {STEPS} steps within {BUDGET_MIB} MiB per rank; losses match "
           f"the single-process reference within {gap:.1e} (tol {loss_tol:.0e})")
 
@@ -280,8 +278,8 @@ for n, results in fsdp.items():
 # count: activations, the root and blocks FSDP2 gathers and reduces, the optimizer's temporaries.
 runs = {(Strategy.DDP, WORLD_SIZE): ddp_free,
         **{(Strategy.FSDP2, n): results for n, results in fsdp.items()}}
-headroom_mib = ledger.claim("oom.headroom", round(headroom / MiB), "MiB",
-                            headroom_p=HEADROOM, **RUN)
+headroom_mib = PAGE.state("oom.headroom", round(headroom / MiB), "MiB",
+                          headroom_p=HEADROOM, **RUN)
 rows = []
 for (strategy, n), results in runs.items():
     predicted = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", OPTIMIZER,
@@ -292,9 +290,9 @@ for (strategy, n), results in runs.items():
     key, peak = f"oom.{strategy.value}.n{n}", max(r.peak for r in results)
     held_mib = held_checked.scaled(1 / MiB, "MiB")  # recorded with the table below
     ddp = strategy is Strategy.DDP
-    outcome = ledger.claim(f"{key}.under_budget",  # a text (checked above): computed
-                           "fails (out of memory)" if ddp else "trains", "outcome",
-                           budget_mib=BUDGET_MIB, **RUN)
+    outcome = PAGE.state(f"{key}.under_budget",  # a text (checked above): computed
+                         "fails (out of memory)" if ddp else "trains", "outcome",
+                         budget_mib=BUDGET_MIB, **RUN)
     rows.append((f"{strategy} x{n}", predicted / MiB, held_mib, peak / MiB,
                  peak / headroom, outcome))
 
@@ -308,25 +306,25 @@ for (strategy, n), results in runs.items():
                   f"{stale:,} B of gradients still allocated when a forward started: "
                   "zero_grad must set them to None, or the peak holds them too")
 
-with ledger.scope(ddp_buckets=True, budget_mib=BUDGET_MIB, **RUN):
-    show(table(rows, ["run", "predicted held", "measured held", "measured peak",
+with PAGE.scope(ddp_buckets=True, budget_mib=BUDGET_MIB, **RUN):
+    PAGE.show("oom", rows, ["run", "predicted held", "measured held", "measured peak",
                       "peak / headroom", "under budget"],
                formats={"predicted held": ",.1f", "measured held": ",.1f",
                         "measured peak": ",.1f", "peak / headroom": ".0%"},
                title=f"MiB per rank (held = model state + DDP's buckets); headroom "
                      f"{headroom_mib} MiB above the ranks' start, P = {p_mib:.1f} MiB",
-               record=ledger, name="oom", keys=[f"{s.value}.n{n}" for s, n in runs]))
+               keys=[f"{s.value}.n{n}" for s, n in runs])
 asked = ("an unknown amount" if oom.requested_bytes is None else "{:.1f} MiB".format(
-    ledger.claim(f"oom.ddp.n{WORLD_SIZE}.requested_at_failure", oom.requested_bytes / MiB,
-                 "MiB", fmt=".1f", world_size=WORLD_SIZE, **RUN)))  # the allocator's report
-over = ledger.record(f"oom.ddp.n{WORLD_SIZE}.need_vs_headroom", checks.expect_order(
+    PAGE.state(f"oom.ddp.n{WORLD_SIZE}.requested_at_failure", oom.requested_bytes / MiB,
+               "MiB", fmt=".1f", world_size=WORLD_SIZE, **RUN)))  # the allocator's report
+over = PAGE.check(f"oom.ddp.n{WORLD_SIZE}.need_vs_headroom", checks.expect_order(
     "DDP out of memory", f"DDP x{WORLD_SIZE}", 1.0, need / headroom, low_name="1",
     high_name="DDP's peak / headroom", unit="x", keep="high"), fmt=".2f", headroom_p=HEADROOM,
     **RUN)
 print(f"\nUnder the budget DDP's rank {oom.rank} asked for {asked} with "
       f"{oom.limit_mib} MiB allowed; unconstrained it needs {over:.2f}x the headroom.")
 held_of = {run: row[2] for run, row in zip(runs, rows)}
-conclusion(
+PAGE.conclude(
     f"When to switch: DDP x{WORLD_SIZE} holds {held_of[Strategy.DDP, WORLD_SIZE]:.1f} MiB between "
     f"steps and needs {over:.2f}x the memory each rank may use, so it fails; FSDP2 holds "
     + " and ".join(f"{held_of[Strategy.FSDP2, n]:.1f} MiB at N={n}" for n in FSDP_NS)

@@ -45,14 +45,13 @@ def local_elements(model: torch.nn.Module) -> int:
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, plotting, report
+from guide import checks, plotting
 from guide.model import ModelConfig, build_model
 
 PAGE = guide.Page(section="Contribute", order=1, key_api="fully_shard(", world_size=2,
                   supports=(2, 4))
 WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 CFG = ModelConfig(vocab=128, d_model=64, n_layers=2, n_heads=4, d_mlp=256)
-ledger = claims.Ledger("plot_page_template")  # every number this page states
 
 
 def worker(rank: guide.Rank) -> int:
@@ -68,15 +67,14 @@ shares = guide.launch(worker, WORLD_SIZE)
 # The independent value is the unsharded model's element count, from a model built in this process
 # (counts are whole numbers: a gap within half an element is none).
 full = sum(p.numel() for p in build_model(CFG).parameters())
-gap = ledger.record("template.elements_gap", checks.expect_close(
+gap = PAGE.check("template.elements_gap", checks.expect_close(
     "shards partition the model", f"FSDP2 x{WORLD_SIZE}", sum(shares), full, 0.5,
     what="elements over all ranks", unit="elements", against="the unsharded model's count"),
     fmt=".0f", model="tinylm-2-block", world_size=WORLD_SIZE)
-report.show(report.table([(f"rank {r}", n, n / full) for r, n in enumerate(shares)],
-                         ["rank", "elements held", "share of the model"],
-                         formats={"elements held": ",.0f", "share of the model": ".1%"},
-                         record=ledger, name="template.shares", model="tinylm-2-block",
-                         world_size=WORLD_SIZE))
+PAGE.show("template.shares", [(f"rank {r}", n, n / full) for r, n in enumerate(shares)],
+          ["rank", "elements held", "share of the model"],
+          formats={"elements held": ",.0f", "share of the model": ".1%"},
+          model="tinylm-2-block", world_size=WORLD_SIZE)
 print(f"All checks passed: {WORLD_SIZE} ranks hold {sum(shares):,} elements together, "
       f"the unsharded model's {full:,}.")
 

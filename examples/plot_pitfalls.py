@@ -100,7 +100,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import guide
-from guide import checks, claims, comm, plotting, sharding
+from guide import checks, comm, plotting, sharding
 from guide.comm import CollectiveLog
 from guide.data import micro_batches, rank_slice, synthetic_batches
 from guide.layout import chunk_sizes, full_state, local_tensor, param_layouts
@@ -121,10 +121,9 @@ REFERENCE = reference_run(CFG, "sgd", BATCHES)  # (losses, final params), one pr
 checks.assert_learns("reference", REFERENCE[0])
 # fp32 gradients differ from 1 process's by reduction order only
 GRAD_TOL = checks.PARAM_TOL["sgd"]
-ledger = claims.Ledger("plot_pitfalls")  # every number this page states
-PARAMS = ledger.claim("tinylm.2-blocks.params",
-                      sum(p.numel() for p in build_model(CFG).parameters()),
-                      "parameters")
+PARAMS = PAGE.state("tinylm.2-blocks.params",
+                    sum(p.numel() for p in build_model(CFG).parameters()),
+                    "parameters")
 RUN = dict(model="tinylm-2-blocks", optimizer="sgd", world_size=WORLD_SIZE)
 
 
@@ -132,8 +131,8 @@ def gap(name: str, value: float, unit: str, check: str, **assumptions) -> float:
     """Record a measured gap as this page prints it (2 digits), with the check that measured
     it (a gap no check returned is computed)."""
     if isinstance(value, checks.Checked):
-        return ledger.record(f"pitfalls.{name}", value, unit, fmt=".1e", **{**RUN, **assumptions})
-    return ledger.claim(f"pitfalls.{name}", value, unit, fmt=".1e", **{**RUN, **assumptions})
+        return PAGE.check(f"pitfalls.{name}", value, unit, fmt=".1e", **{**RUN, **assumptions})
+    return PAGE.state(f"pitfalls.{name}", value, unit, fmt=".1e", **{**RUN, **assumptions})
 
 
 print(f"torch {torch.__version__}, {WORLD_SIZE} ranks, TinyLM with {CFG.n_layers} "
@@ -209,23 +208,23 @@ checks.assert_losses_match(run + " (fixed)", curves["1 process"],
                            curves["fully_shard first"], against=checks.SINGLE_PROCESS)
 checks.assert_params_match(run + " (fixed)", ONE_BATCH_REFERENCE[1], right["after"],
                            checks.PARAM_TOL["sgd"], against=checks.SINGLE_PROCESS)
-report.show(report.table([[s, *(c[s] for c in curves.values())]
+PAGE.show("pitfalls.optimizer_first.losses", [[s, *(c[s] for c in curves.values())]
                     for s in range(len(ONE_BATCH))],
                    ["step", *curves], formats=dict.fromkeys(curves, ".4f"),
                    title=f"loss on the same global batch (mean over ranks), "
                          f"{len(ONE_BATCH)} SGD steps",
-                   record=ledger, name="pitfalls.optimizer_first.losses", **RUN))
+                   **RUN)
 moved = max((wrong["after"][k] - wrong["before"][k]).abs().max().item()
             for k in wrong["before"])
 # computed: assert_frozen above checked both are exactly 0 (a bound of 0 is no allowance, so
 # the ledger cannot hold it as asserted)
 FROZEN = dict(steps=len(ONE_BATCH), **RUN)
-said = ledger.claim("pitfalls.optimizer_first.messages", len(wrong["messages"]),
-                    "messages", guard="computed", **FROZEN)
-moved = ledger.claim("pitfalls.optimizer_first.param_change", moved, "absolute",
-                     guard="computed", **FROZEN)
+said = PAGE.state("pitfalls.optimizer_first.messages", len(wrong["messages"]),
+                  "messages", guard="computed", **FROZEN)
+moved = PAGE.state("pitfalls.optimizer_first.param_change", moved, "absolute",
+                   guard="computed", **FROZEN)
 # the last step's loss is the untrained model's: the 1-process loss before its first step
-stuck = ledger.record("pitfalls.optimizer_first.loss", checks.expect_close(
+stuck = PAGE.check("pitfalls.optimizer_first.loss", checks.expect_close(
     "pitfall reproduces", run, curves["optimizer first"][-1], ONE_BATCH_REFERENCE[0][0],
     checks.LOSS_TOL, what="last loss", unit="nats",
     against="the 1-process loss at initialisation"), fmt=".4f", **FROZEN)
@@ -475,7 +474,7 @@ if said:
     for claim, got, want, what in (("itemsize", said[1], weight.element_size(), "itemsize"),
                                    ("storage_bytes", said[2],
                                     weight.numel() * weight.element_size(), "storage size")):
-        ledger.record(f"pitfalls.inplace_output.error.{claim}", checks.expect_close(
+        PAGE.check(f"pitfalls.inplace_output.error.{claim}", checks.expect_close(
             "pitfall reproduces", run, int(got), want, 0, what=what, unit="bytes",
             against="the layer's fp32 weight"), fmt=".0f", **RESIDUAL_RUN)
 checks.expect("hidden by no reshard", run,
@@ -562,9 +561,8 @@ for name, ref in NORM_REFERENCE.items():
                         checks.LOSS_TOL, what=f"{name}.grad.norm().full_tensor()")
     rows.append([name, ref, R["4"]["full"][name], *local])
 norms = ["1 process", "full_tensor()", *(f"to_local() r{r}" for r in range(WORLD_SIZE))]
-report.show(report.table(rows[:4] + rows[-1:], ["parameter", *norms],
-                   formats=dict.fromkeys(norms, ".5f"), record=ledger,
-                   name="pitfalls.grad_norm.by_parameter", step=0, **RUN))
+PAGE.show("pitfalls.grad_norm.by_parameter", rows[:4] + rows[-1:], ["parameter", *norms],
+          formats=dict.fromkeys(norms, ".5f"), step=0, **RUN)
 clip_local = [res["4"]["clip local"] for res in results]
 if R["4"]["clip placements"].startswith("(_NormPartial("):  # pytorch #170862 (2.9)
     assert_partial(run + ": clip_grad_norm_", clip_local, TOTAL_NORM_REFERENCE,
@@ -576,7 +574,7 @@ else:
     checks.expect_close("gradient norm", run, clip_local,
                         [TOTAL_NORM_REFERENCE] * WORLD_SIZE, checks.LOSS_TOL,
                         what="clip_grad_norm_")
-total = ledger.record("pitfalls.grad_norm.total", checks.expect_close(
+total = PAGE.check("pitfalls.grad_norm.total", checks.expect_close(
     "gradient norm", run, R["4"]["clip full"], TOTAL_NORM_REFERENCE, checks.LOSS_TOL,
     what="clip_grad_norm_(...).full_tensor()", unit="gradient 2-norm",
     against="the 1-process total norm"), fmt=".5f", step=0, **RUN)
@@ -647,12 +645,12 @@ error = assert_reproduces(run, wrong["messages"], "object has no attribute 'no_s
 units = len(sharding.fsdp2_units(build_model(CFG)))
 ACCUMULATE = dict(micro_batches=K, **RUN)
 calls = {  # reduce-scatters per step: one per group per micro-batch, or once per step
-    "no_sync / require_backward_grad_sync": ledger.record(
+    "no_sync / require_backward_grad_sync": PAGE.check(
         "pitfalls.no_sync.ddp_style.reduce_scatters_per_step", checks.expect_close(
             "pitfall reproduces", run, wrong["reduce_scatters"], K * units, 0,
             what="reduce-scatters per step", unit="calls",
             against="one per fully_shard group per micro-batch"), fmt=".0f", **ACCUMULATE),
-    "set_requires_gradient_sync(False)": ledger.record(
+    "set_requires_gradient_sync(False)": PAGE.check(
         "pitfalls.no_sync.fixed.reduce_scatters_per_step", checks.expect_close(
             "comm calls", run + " (fixed)", right["reduce_scatters"], units, 0,
             what="reduce-scatters per step", unit="calls",
@@ -661,7 +659,7 @@ calls = {  # reduce-scatters per step: one per group per micro-batch, or once pe
 for name, r in (("DDP-style", wrong), ("set_requires_gradient_sync", right)):
     checks.assert_params_match(f"{run}, {name}", REFERENCE[1], r["params"],
                                checks.PARAM_TOL["sgd"], against=checks.SINGLE_PROCESS)
-units = ledger.claim("tinylm.2-blocks.fsdp2_units", units, "fully_shard groups")
+units = PAGE.state("tinylm.2-blocks.fsdp2_units", units, "fully_shard groups")
 print(error)
 report.show(report.table(list(calls.items()),
                    ["gradient sync skipped with", "reduce-scatters per step"],
@@ -727,7 +725,7 @@ def patchwork(name: str) -> torch.Tensor:
 
 predicted_gap = max((patchwork(n).double() - t.double()).abs().max().item()
                     for n, t in initial.items())
-seed_gap = ledger.record("pitfalls.seed_per_rank.gap", checks.expect_close(
+seed_gap = PAGE.check("pitfalls.seed_per_rank.gap", checks.expect_close(
     "pitfall reproduces", run, seed_gap, predicted_gap, 0, what="worst gap to seed 0",
     unit="absolute", against="the patchwork of seeds built in one process"), fmt=".2f", **RUN)
 print(f"tok_emb.weight as the ranks hold it: {origin}; worst gap to the seed-0 model "
@@ -806,10 +804,10 @@ print(f"after {STEPS} steps the ranks' copies differ by up to {drift:.1e}\n")
 
 def root_row(name: str, prefix: str, r: dict) -> list:
     """One row of the table below, each number recorded."""
-    kib = ledger.claim(f"{prefix}.params_kib_rank0", round(r["param_bytes"] / 2**10, 1),
-                       "KiB", precision="fp32", **RUN)
+    kib = PAGE.state(f"{prefix}.params_kib_rank0", round(r["param_bytes"] / 2**10, 1),
+                     "KiB", precision="fp32", **RUN)
     return [name, kib,
-            *(ledger.record(f"{prefix}.{kind}s_per_step", ROOT_CALLS[name, kind], fmt=".0f")
+            *(PAGE.check(f"{prefix}.{kind}s_per_step", ROOT_CALLS[name, kind], fmt=".0f")
               for kind in ("all_gather", "reduce_scatter"))]
 
 
@@ -886,8 +884,8 @@ checks.expect("pitfall reproduces", run, counts[True] == counts[None] + 1,
 print(f"fully_shard(..., reshard_after_forward={default!r}) is the default on torch "
       f"{torch.__version__}\n")
 VARIANT = {None: "fsdp2", True: "fsdp2_reshard_root", False: "fsdp2_no_reshard"}
-counts = {o: ledger.record(f"tinylm.2-blocks.{VARIANT[o]}.all_gathers_per_step", c,
-                           fmt=".0f")
+counts = {o: PAGE.check(f"tinylm.2-blocks.{VARIANT[o]}.all_gathers_per_step", c,
+                        fmt=".0f")
           for o, c in GATHERS.items()}
 report.show(report.table([[repr(o), counts[o], R["9"][o]["root holds after forward"]]
                     for o in counts],

@@ -107,7 +107,7 @@ import dataclasses
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, comm, report
+from guide import checks, comm, report
 from guide.comm import CollectiveLog
 from guide.data import rank_slice, synthetic_batches
 from guide.layout import full_state, param_layouts
@@ -125,7 +125,6 @@ CFG = ModelConfig()
 STEPS = 3
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=0)
 EVAL = synthetic_batches(steps=2, batch_size=8, seq_len=16, vocab=CFG.vocab, seed=1)
-ledger = claims.Ledger("plot_prefetch_and_units")  # every number this page states
 SETUP = dict(model="tinylm", optimizer="sgd", world_size=WORLD_SIZE, steps=STEPS)
 N_BLOCKS = CFG.n_layers
 
@@ -206,7 +205,7 @@ def worker(rank: guide.Rank) -> dict:
 per_rank = guide.launch(worker, WORLD_SIZE)
 results = {s.key: [r[s.key] for r in per_rank] for s in SETTINGS}
 for s in SETTINGS:  # the depth a setting's label names ("prefetch 2")
-    ledger.claim(f"prefetch.{s.key}.depth", s.depth, "units ahead")
+    PAGE.state(f"prefetch.{s.key}.depth", s.depth, "units ahead")
 REF_LOSSES, REF_PARAMS = reference_run(CFG, "sgd", BATCHES)
 
 # %%
@@ -222,8 +221,8 @@ for s in SETTINGS:
                                     against=checks.SINGLE_PROCESS)
     dp = checks.assert_params_match(name, REF_PARAMS, res[0]["params"], checks.PARAM_TOL["sgd"],
                                     against=checks.SINGLE_PROCESS)
-    rows.append([s.label, ledger.record(f"prefetch.{s.key}.loss_gap", dl, fmt=".1e", **SETUP),
-                 ledger.record(f"prefetch.{s.key}.param_gap", dp, fmt=".1e", **SETUP)])
+    rows.append([s.label, PAGE.check(f"prefetch.{s.key}.loss_gap", dl, fmt=".1e", **SETUP),
+                 PAGE.check(f"prefetch.{s.key}.param_gap", dp, fmt=".1e", **SETUP)])
 report.show(report.table(rows, ["setting", "max |Δloss|", "max |Δparam|"],
                          formats={"max |Δloss|": ".1e", "max |Δparam|": ".1e"}))
 
@@ -255,7 +254,7 @@ for s in SETTINGS:
     profiled = sum(e.kind == "gather" for e in events)
     checks.expect("all-gathers", f"{s.label}", logged == profiled,
                   f"CollectiveLog counted {logged} all-gathers, the profiler {profiled}.")
-    gathers[s.key] = ledger.record(
+    gathers[s.key] = PAGE.check(
         f"prefetch.{s.key}.all_gathers_per_step",
         checks.expect_close("all-gathers", s.label, logged, want, 0, "all-gathers per step",
                             unit="calls", against="one per unit and pass, by the semantics"),
@@ -263,8 +262,8 @@ for s in SETTINGS:
     before = sum(c.kind == "all_gather" and c.phase is None for c in records)
     checks.expect("root unshard", s.label, before == int(s.root_early),
                   f"{before} all-gathers ran before the forward; expected {int(s.root_early)}.")
-    early[s.key] = ledger.claim(f"prefetch.{s.key}.all_gathers_before_forward", before,
-                                "calls", **SETUP)
+    early[s.key] = PAGE.state(f"prefetch.{s.key}.all_gathers_before_forward", before,
+                              "calls", **SETUP)
 report.show(report.table(
     [[s.label, gathers[s.key], early[s.key]] for s in SETTINGS],
     ["setting", "all-gathers per step", "before the forward"], title="All-gathers per step"))
@@ -301,7 +300,7 @@ for s in SETTINGS:
     row = [s.label]
     for phase in ("forward", "backward"):
         got = max_gathered(events, reshards, phase)
-        held[s.key, phase] = ledger.record(
+        held[s.key, phase] = PAGE.check(
             f"prefetch.{s.key}.max_units_gathered.{phase}",
             checks.expect_close("units gathered", f"{s.label}, {phase}", got, predicted(s, phase),
                                 0, f"units gathered at once in {phase}", unit="units",
@@ -310,7 +309,7 @@ for s in SETTINGS:
         row.append(held[s.key, phase])
     peak = max_gathered(events, reshards, sizes=sizes)
     want = sizes[ROOT] + (1 + min(max(s.depth, 1), N_BLOCKS - 1)) * sizes["blocks.0"]
-    row.append(ledger.record(
+    row.append(PAGE.check(
         f"prefetch.{s.key}.peak_gathered",
         checks.expect_close("units gathered", s.label, peak, want, 0, "bytes gathered at once",
                             unit="bytes", against="those units' padded sizes"
@@ -359,10 +358,10 @@ for mode in ("default", "switched"):
     checks.expect("evaluation", mode, seen == EXPECT[mode],
                   f"(all-gathers, plain parameters) after each eval forward: {seen}; expected "
                   f"{EXPECT[mode]}.")
-    cells = [ledger.claim(f"prefetch.eval.{mode}.{which}_forward_all_gathers", g, "calls",
-                          **SETUP) for which, (g, _) in zip(("first", "second"), seen)]
-    plain = ledger.claim(f"prefetch.eval.{mode}.plain_params_after", seen[-1][1],
-                         "parameter tensors", **SETUP)
+    cells = [PAGE.state(f"prefetch.eval.{mode}.{which}_forward_all_gathers", g, "calls",
+                        **SETUP) for which, (g, _) in zip(("first", "second"), seen)]
+    plain = PAGE.state(f"prefetch.eval.{mode}.plain_params_after", seen[-1][1],
+                       "parameter tensors", **SETUP)
     eval_rows.append([mode if mode == "default" else "set_reshard_after_forward(False)",
                       *cells, plain])
 
@@ -389,7 +388,7 @@ checks.assert_losses_match(f"FSDP2 x{WORLD_SIZE}, trained around both evaluation
 report.show(report.table(eval_rows, ["eval forwards", "1st batch all-gathers",
                                      "2nd batch all-gathers", "plain tensors after"],
                          title=f"Two eval batches ({n_params} parameter tensors)"))
-ledger.claim("tinylm.parameter_tensors", n_params, "parameter tensors", model="tinylm")
+PAGE.state("tinylm.parameter_tensors", n_params, "parameter tensors", model="tinylm")
 
 # %%
 # What only a GPU shows
@@ -404,7 +403,7 @@ ledger.claim("tinylm.parameter_tensors", n_params, "parameter tensors", model="t
 # are gathered at once in forward on a GPU. Explicit prefetching issues all-gathers earlier
 # still, past that bound: worth it only when a trace (``torch.profiler`` with CUDA activity)
 # shows compute waiting on an all-gather, and only as far as the memory of the extra units allows.
-report.conclusion(
+PAGE.conclude(
     f"Explicit prefetching held {held['prefetch_2', 'forward']:.0f} units at once in forward "
     f"instead of {held['default', 'forward']:.0f} and issued the same "
     f"{gathers['prefetch_2']:.0f} all-gathers a step; keeping the last block saved one "

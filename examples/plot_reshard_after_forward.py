@@ -67,14 +67,14 @@ import time
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, comm
+from guide import checks, comm
 from guide.layout import ParamLayout, param_layouts
 from guide.comm import CollectiveLog
 from guide.data import rank_slice, synthetic_batches
 from guide.memory import MMAP_THRESHOLD, PeakMemory, prepare
 from guide.model import ModelConfig, build_model
 from guide.plotting import style
-from guide.report import conclusion, show, table
+from guide.report import show, table
 from guide.sharding import Strategy
 from guide.training import make_optimizer, mean_over_ranks, next_token_loss, train_steps
 
@@ -95,13 +95,12 @@ TIMED = 1  # steps timed per rank (shown, not asserted: on CPU, mostly schedulin
 BATCHES = synthetic_batches(steps=1 + MEASURED + TIMED, batch_size=32, seq_len=16,
                             vocab=CFG.vocab, seed=0)
 SETTINGS = {"True": True, "False": False, str(K): K, "None (default)": None}
-ledger = claims.Ledger("plot_reshard_after_forward")  # every number this page states
 model = build_model(CFG)
-n_params = ledger.claim("tinylm.wide.params",
-                        sum(p.numel() for p in model.parameters()), "parameters",
-                        model=repr(CFG))
-fp32_mib = ledger.claim("tinylm.wide.params_fp32", round(n_params * 4 / 2**20, 1),
-                        "MiB", model=repr(CFG))
+n_params = PAGE.state("tinylm.wide.params",
+                      sum(p.numel() for p in model.parameters()), "parameters",
+                      model=repr(CFG))
+fp32_mib = PAGE.state("tinylm.wide.params_fp32", round(n_params * 4 / 2**20, 1),
+                      "MiB", model=repr(CFG))
 print(f"{n_params:,} parameters ({fp32_mib:.1f} MiB fp32), {WORLD_SIZE} ranks")
 
 
@@ -269,8 +268,8 @@ def gathers(name: str, phase: str) -> int:
         "all-gathers", f"reshard_after_forward={name}, {phase}", counts[name][phase],
         expected_counts[name][phase], 0, f"{phase} all-gathers", unit="calls",
         against="one per unit, by the semantics above")
-    return int(ledger.record(claim_name(name, f"all_gathers.{phase}_per_step"), checked,
-                             fmt=".0f", **SETUP))
+    return int(PAGE.check(claim_name(name, f"all_gathers.{phase}_per_step"), checked,
+                          fmt=".0f", **SETUP))
 
 
 show(table([[name, *(gathers(name, ph) for ph in PHASES),
@@ -295,8 +294,8 @@ gaps = {name: checks.assert_losses_match(
             losses[name], against=f"FSDP2 x{WORLD_SIZE}, reshard_after_forward=True")
         for name in SETTINGS if name != "True"}
 show(table([["True", None, "the reference"]] +
-           [[name, ledger.record(claim_name(name, "loss_gap_vs_true"), gap, fmt=".1e",
-                                 **SETUP),
+           [[name, PAGE.check(claim_name(name, "loss_gap_vs_true"), gap, fmt=".1e",
+                              **SETUP),
              "bitwise equal" if gap == 0 else ""] for name, gap in gaps.items()],
            ["reshard_after_forward", "max |loss - loss(True)|", ""],
            formats={"max |loss - loss(True)|": ".1e"}))
@@ -318,7 +317,7 @@ show(table([["True", None, "the reference"]] +
 # dominated by scheduling, so it is shown, not asserted.
 MiB = 2**20
 NOISE = MiB // 4  # resolution of "resident after forward" between two measurements
-ledger.claim("tolerance.resident_memory_noise", NOISE / MiB, "MiB")
+PAGE.state("tolerance.resident_memory_noise", NOISE / MiB, "MiB")
 FP32 = 4  # bytes per parameter element
 
 
@@ -345,8 +344,8 @@ for name, res in results.items():
     step_ms[name] = statistics.median(r.step_s for r in res) * 1e3
     name_kept = claim_name(name, "kept_after_forward")
     if name == "True":  # the baseline the others are measured from: 0 by construction
-        cell = ledger.claim(name_kept, extra / MiB, "MiB", fmt=".2f", baseline=True,
-                            **SETUP)
+        cell = PAGE.state(name_kept, extra / MiB, "MiB", fmt=".2f", baseline=True,
+                          **SETUP)
         label = f"{name} (the baseline)"
     else:
         kept_mib = checks.expect_close(
@@ -356,18 +355,17 @@ for name, res in results.items():
         # An allowance that reaches 0 proves no value (issue 23): such a row is computed.
         below = kept_mib.reaches_zero()
         if below:
-            ledger.claim(name_kept, kept_mib.value, "MiB", fmt=".2f", **SETUP)
+            PAGE.state(name_kept, kept_mib.value, "MiB", fmt=".2f", **SETUP)
         else:
-            ledger.record(name_kept, kept_mib, fmt=".2f", **SETUP)
+            PAGE.check(name_kept, kept_mib, fmt=".2f", **SETUP)
         cell = kept_mib.value if below else kept_mib
         label = name + (" (below resolution: computed)" if below else "")
     rows.append([label, cell, want / MiB, allowed / MiB, peak_mib[name], step_ms[name]])
 MIB_COLUMNS = ["kept after fwd MiB", "expected MiB", "allowed ± MiB"]
-show(table(rows, ["setting", *MIB_COLUMNS, "step peak MiB", "step time ms"],
-           formats=dict.fromkeys(MIB_COLUMNS, ".2f")
-           | {"step peak MiB": ".1f", "step time ms": ".0f"}, record=ledger,
-           name="reshard.memory_time", keys=[claim_name(n, "row").split(".")[-2]
-                                             for n in results], **SETUP))
+PAGE.show("reshard.memory_time", rows, ["setting", *MIB_COLUMNS, "step peak MiB", "step time ms"],
+          formats=dict.fromkeys(MIB_COLUMNS, ".2f")
+          | {"step peak MiB": ".1f", "step time ms": ".0f"}, keys=[claim_name(n, "row").split(".")[-2]
+                                            for n in results], **SETUP)
 
 # %%
 # When to use which
@@ -383,7 +381,7 @@ show(table(rows, ["setting", *MIB_COLUMNS, "step peak MiB", "step time ms"],
 # memory table is below what resident memory resolves on CPU, so it is recorded as computed and
 # its layout is checked from the parameters instead (above).
 gain = {name: counts["True"]["backward"] - counts[name]["backward"] for name in counts}
-conclusion(
+PAGE.conclude(
     f"On {WORLD_SIZE} ranks, False kept {extra_mib['False']:.2f} MiB more per rank after forward "
     f"than True and issued {counts['False']['backward']} backward all-gathers instead of "
     f"{counts['True']['backward']}; {K} kept {extra_mib[str(K)]:.2f} MiB and gathered "

@@ -70,36 +70,33 @@ import matplotlib.pyplot as plt
 
 import guide
 from guide import checks, comm
-from guide.claims import Ledger
 from guide.comm import H100_NODE
-from guide.constants import CONSTANTS, cite
+from guide.constants import CONSTANTS
 from guide.memory import (GPU_MEMORY_CONSTANTS, GPU_TOTAL_MEMORY_GIB, PRECISIONS, PRESETS, GiB,
                           activation_bytes, fsdp2_buffer_bytes, unsharded_param_bytes)
 from guide.memory.fit import per_gpu
 from guide.plotting import style
-from guide.report import show, table
 from guide.sharding import Strategy
 
 # It starts no job: every rank computes the same estimates, at any world size.
 PAGE = guide.Page(section="Communication and time", order=2, key_api="reshard_after_forward=",
                   world_size=1, supports=(1, 2, 4, 8))
-ledger = Ledger("plot_step_time_estimates")
 CITED = ["dgx_h100.gpus", "h100.nvlink_bandwidth", "dgx_h100.nics", "ndr.nic_bandwidth",
          "nccl.tuning.base_latency", "nccl.tuning.nvlink_step_latency",
          "nccl.tuning.network_step_latency", "h100.dense_bf16_flops",
          "h100.memory_total", "torchtitan.llama3-8b.mfu.low",
          "torchtitan.llama3-8b.mfu.high"]
-show(table([[name, cite(ledger, name), CONSTANTS[name].unit]
+PAGE.show("step_time.constants", [[name, PAGE.cite(name), CONSTANTS[name].unit]
             for name in CITED], ["constant", "value", "unit"],
-           formats={"value": ",.15g"}, record=ledger, name="step_time.constants"))
+           formats={"value": ",.15g"})
 # %%
 PEAK_FLOPS = CONSTANTS["h100.dense_bf16_flops"].value
 MFU = CONSTANTS["torchtitan.llama3-8b.mfu.high"].value  # assumed (see above)
 GPU = "H100 (80 GB)"
 CAPACITY = GPU_TOTAL_MEMORY_GIB[GPU] * GiB
 NODE = H100_NODE
-TFLOPS = ledger.claim("step_time.h100.assumed_tflops_per_gpu",
-                      round(PEAK_FLOPS * MFU / 1e12), "TFLOP/s", mfu=MFU)
+TFLOPS = PAGE.state("step_time.h100.assumed_tflops_per_gpu",
+                    round(PEAK_FLOPS * MFU / 1e12), "TFLOP/s", mfu=MFU)
 print(f"\nAssumed: {MFU:.0%} of the dense bf16 peak, {TFLOPS:,} TFLOP/s per GPU.")
 
 # %%
@@ -124,27 +121,26 @@ for pub in comm.PUBLISHED_BUS_BANDWIDTH:
         "bus bandwidth", unit="bytes/s",
         against=f"published {published} GB/s, up to {comm.BUSBW_FACTOR}x ({pub.source})")
     gpu = {NODE: "h100", comm.A100_NODE: "a100"}[pub.topology]
-    ledger.record(
+    PAGE.check(
         f"comm.busbw_model.all_reduce.{gpu}.{pub.nodes}x{pub.topology.gpus_per_node}",
         band, "bytes/s", hardware=pub.topology.name)
     rows.append([pub.what, pub.nodes, pub.low / 1e9, pub.high / 1e9, model / 1e9,
                  model / pub.high])
-show(table(rows, ["setup (all_reduce, large messages)", "nodes", "published low GB/s",
+PAGE.show("step_time.busbw", rows, ["setup (all_reduce, large messages)", "nodes", "published low GB/s",
                   "published high GB/s", "model GB/s", "model/published"],
            formats={"published low GB/s": ".0f", "published high GB/s": ".0f",
-                    "model GB/s": ".0f", "model/published": ".2f"}, record=ledger,
-           name="step_time.busbw", keys=[f"{r[0]}.{r[1]}" for r in rows]))
+                    "model GB/s": ".0f", "model/published": ".2f"}, keys=[f"{r[0]}.{r[1]}" for r in rows])
 # %%
 G = NODE.gpus_per_node
 one_nic = comm.Topology("one NIC per node", G, NODE.nvlink_bytes_per_s, 1,
                         NODE.nic_bytes_per_s)
 two_nodes = next(p for p in comm.PUBLISHED_BUS_BANDWIDTH
                  if p.nodes == 2 and p.topology is NODE)
-one_nic_gbs = ledger.claim(f"comm.busbw_one_nic.all_reduce.h100.2x{G}",
-                           round(comm.bus_bandwidth(one_nic, 2 * G) / 1e9), "GB/s",
-                           hardware=one_nic.name)
-below = ledger.claim(f"comm.busbw_one_nic.all_reduce.h100.2x{G}.below_published",
-                     round(two_nodes.low / 1e9 / one_nic_gbs, 1), "x", hardware=one_nic.name)
+one_nic_gbs = PAGE.state(f"comm.busbw_one_nic.all_reduce.h100.2x{G}",
+                         round(comm.bus_bandwidth(one_nic, 2 * G) / 1e9), "GB/s",
+                         hardware=one_nic.name)
+below = PAGE.state(f"comm.busbw_one_nic.all_reduce.h100.2x{G}.below_published",
+                   round(two_nodes.low / 1e9 / one_nic_gbs, 1), "x", hardware=one_nic.name)
 print(f"\nPricing every hop at one NIC's rate, as this site's earlier 'lower bound' "
       f"did, gives {one_nic_gbs} GB/s on 2 nodes: {below:.1f}x below what nccl-tests "
       "measures there.")
@@ -200,7 +196,7 @@ def flops_per_token(seq: int) -> float:
                                       ARCH.hidden, seq)
 
 
-ATTENTION_SHARE = ledger.claim(
+ATTENTION_SHARE = PAGE.state(
     "step_time.llama-3-70b.attention_flops_share", round(
         1 - 6 * (ARCH.n_params - ARCH.vocab * ARCH.hidden) / flops_per_token(SEQ), 3),
     "of model FLOPs", seq_len=SEQ, counts="torchtitan get_num_flop_per_token")
@@ -210,17 +206,17 @@ root, block = (sum(math.prod(s) for s in unit) for unit in UNITS[:2])
 checks.expect_close("memory model", "FSDP2 buffers", BUFFERS,
                     root * 2 * BF16.itemsize + block * (3 * BF16.itemsize + FP32.itemsize), 0,
                     against="root + two blocks gathered, one block's grads, written out")
-PARAMS = ledger.claim("llama-3-70b.params", ARCH.n_params, "parameters")
-ACT = {ac: ledger.claim(
+PARAMS = PAGE.state("llama-3-70b.params", ARCH.n_params, "parameters")
+ACT = {ac: PAGE.state(
            f"llama-3-70b.activations_per_gpu.s{SEQ}"
            + {"none": "", "full": ".full_ac", "selective": ".selective_ac"}[ac],
            round(activation_bytes(ARCH, SEQ, 1, checkpointing=ac,
                                   bytes_per_element=ACT_BYTES) / GiB, 1), "GiB",
            seq_len=SEQ, micro_batch=1, checkpointing=ac, norm="fused")
        for ac in ("none", "selective", "full")}
-BUFFERS_GIB = ledger.claim("llama-3-70b.fsdp2.transient_buffers_per_gpu",
-                           round(BUFFERS / GiB, 1), "GiB", precision=PRECISION,
-                           counts="root + two blocks gathered, one block's gradients")
+BUFFERS_GIB = PAGE.state("llama-3-70b.fsdp2.transient_buffers_per_gpu",
+                         round(BUFFERS / GiB, 1), "GiB", precision=PRECISION,
+                         counts="root + two blocks gathered, one block's gradients")
 print(f"{PARAMS / 1e9:.2f}e9 parameters; activations of one {SEQ:,}-token sequence: "
       f"{ACT['none']:,.1f} GiB without recomputation, {ACT['selective']:.1f} GiB with "
       f"selective and {ACT['full']:.1f} GiB with full activation checkpointing (logits "
@@ -288,11 +284,11 @@ for config in CONFIGS:
                     "step s": max(communication, compute),
                     "comm/compute": communication / compute}
         rows.append(row)
-show(table(rows, formats={"headroom GiB": ".1f", "comm s": ".2f", "compute s": ".2f",
-                          "step s": ".2f", "comm/compute": ".0%"},
-           title="Llama-3-70B per GPU, one 8,192-token sequence (predicted)", record=ledger,
-           name="step_time.llama-3-70b.table",
-           keys=[f"{r['configuration']}.{r['nodes']}" for r in rows]))
+PAGE.show("step_time.llama-3-70b.table", rows,
+          formats={"headroom GiB": ".1f", "comm s": ".2f", "compute s": ".2f", "step s": ".2f",
+                   "comm/compute": ".0%"},
+          title="Llama-3-70B per GPU, one 8,192-token sequence (predicted)",
+          keys=[f"{r['configuration']}.{r['nodes']}" for r in rows])
 # %%
 # The table's own checks: nothing that does not fit is priced, and every "never" has a reason.
 RUN = "70B time table"
@@ -315,14 +311,14 @@ checks.expect("feasibility", RUN, all(at_any_n.get(c, 0) > CAPACITY for c in nev
               "at any N.")
 ESTIMATE = dict(model="llama-3-70b", seq_len=SEQ, micro_batch=1, precision=PRECISION,
                 hardware=NODE.name, mfu=MFU, nodes=", ".join(map(str, NODES)))
-never = ledger.claim("step_time.llama-3-70b.never_fits", "; ".join(never),  # a text
-                     "configurations", **ESTIMATE)
+never = PAGE.state("step_time.llama-3-70b.never_fits", "; ".join(never),  # a text
+                   "configurations", **ESTIMATE)
 fsdp2 = [priced[Strategy.FSDP2.label, k] for k in NODES
          if (Strategy.FSDP2.label, k) in priced]
 hidden = all(c < t for c, t in fsdp2)
 low, high, compute = (
-    ledger.claim(f"step_time.llama-3-70b.fsdp2.{name}", round(v, digits),
-                 "s per step (predicted)", **ESTIMATE)
+    PAGE.state(f"step_time.llama-3-70b.fsdp2.{name}", round(v, digits),
+               "s per step (predicted)", **ESTIMATE)
     for name, v, digits in (("comm_s.min", min(c for c, _ in fsdp2), 2),
                             ("comm_s.max", max(c for c, _ in fsdp2), 2),
                             ("compute_s", fsdp2[0][1], 1)))
@@ -357,14 +353,14 @@ CANDIDATES = (16, 32, 64)
 SCAN_SHARDS = tuple(s for s in CANDIDATES if fit(Strategy.FSDP2, s, SEQ_SCAN)[0] != "does not fit")
 for s in CANDIDATES:
     verdict, headroom, _ = fit(Strategy.FSDP2, s, SEQ_SCAN)
-    headroom = ledger.claim(f"step_time.hsdp_shard{s}.s{SEQ_SCAN}.headroom", headroom / GiB,
-                            "GiB", fmt=".1f", seq_len=SEQ_SCAN, model="llama-3-70b",
-                            precision=PRECISION)
+    headroom = PAGE.state(f"step_time.hsdp_shard{s}.s{SEQ_SCAN}.headroom", headroom / GiB,
+                          "GiB", fmt=".1f", seq_len=SEQ_SCAN, model="llama-3-70b",
+                          precision=PRECISION)
     print(f"HSDP shard {s}, {SEQ_SCAN:,} tokens: {verdict}, headroom {headroom:.1f} GiB "
           "(FSDP2's buffers included)")
 # The verdict at the top names the smallest shard group that holds the model: rewrite it if not.
-smallest = ledger.claim("step_time.hsdp.smallest_shard_group", SCAN_SHARDS[0], "GPUs",
-                        seq_len=SEQ_SCAN, model="llama-3-70b", precision=PRECISION)
+smallest = PAGE.state("step_time.hsdp.smallest_shard_group", SCAN_SHARDS[0], "GPUs",
+                      seq_len=SEQ_SCAN, model="llama-3-70b", precision=PRECISION)
 checks.expect("verdict", "HSDP scan", smallest == 32,
               f"the smallest shard group that fits is {smallest}; the verdict says 32.")
 # With gradient sync skipped, FSDP2 accumulates the unsharded gradients in ``reduce_dtype``
@@ -377,12 +373,12 @@ checks.expect_close("feasibility", "HSDP scan", grad_bytes / GiB,
                     "unsharded fp32 gradients", rel=True, unit="GiB",
                     against="twice the bf16 unsharded parameters (guide.memory)")
 # If they fit, skipping the reduce-scatter between micro-batches is an option.
-unsharded = ledger.record("llama-3-70b.unsharded_fp32_grads_per_gpu", checks.expect_order(
+unsharded = PAGE.check("llama-3-70b.unsharded_fp32_grads_per_gpu", checks.expect_order(
     "feasibility", "HSDP scan", CAPACITY / GiB, grad_bytes / GiB, low_name="the GPU's memory",
     high_name="the unsharded fp32 gradients", unit="GiB", keep="high"), fmt=".1f",
     precision=PRECISION, reduce_dtype="float32")
-capacity_gib = ledger.claim(f"{GPU_MEMORY_CONSTANTS[GPU].split('.')[0]}"
-                            ".memory_total_gib", round(CAPACITY / GiB, 1), "GiB")
+capacity_gib = PAGE.state(f"{GPU_MEMORY_CONSTANTS[GPU].split('.')[0]}"
+                          ".memory_total_gib", round(CAPACITY / GiB, 1), "GiB")
 print("Unsharded gradients of the whole model, accumulated in reduce_dtype=float32 "
       f"(predicted): {unsharded:,.1f} GiB per GPU, more than the "
       f"{capacity_gib:.1f} GiB of an {GPU}: every micro-batch reduce-scatters.\n")
@@ -418,12 +414,11 @@ def share_of_compute(config: str, k: int) -> float | None:
 FSDP2 = Strategy.FSDP2.label
 SCAN_CONFIGS = [FSDP2, *(f"HSDP, shard {s}" for s in SCAN_SHARDS)]
 share = {c: [share_of_compute(c, k) for k in SCAN_NODES] for c in SCAN_CONFIGS}
-show(table([[k, G * k, BATCH_TOKENS // (G * k * SEQ_SCAN), scan_seconds(FSDP2, k)[1],
+PAGE.show("step_time.hsdp_scan", [[k, G * k, BATCH_TOKENS // (G * k * SEQ_SCAN), scan_seconds(FSDP2, k)[1],
              *(share[c][i] for c in SCAN_CONFIGS)] for i, k in enumerate(SCAN_NODES)],
            ["nodes", "GPUs", "micro-batches", "compute s/step", *SCAN_CONFIGS],
            formats={"compute s/step": ".1f", **dict.fromkeys(SCAN_CONFIGS, ".1%")},
-           title="Communication per optimizer step as a share of compute (predicted)",
-           record=ledger, name="step_time.hsdp_scan"))
+           title="Communication per optimizer step as a share of compute (predicted)")
 
 
 # %%
@@ -443,8 +438,8 @@ def claim_key(config: str) -> str:
 
 SCAN = dict(model="llama-3-70b", batch_tokens=f"{BATCH_TOKENS:,}", seq_len=SEQ_SCAN,
             hardware=NODE.name, mfu=MFU)
-wins = {c: ledger.claim(f"step_time.{claim_key(c)}.beats_fsdp2_from",
-                        beats_from(c) or "never", "nodes", guard="computed", **SCAN)
+wins = {c: PAGE.state(f"step_time.{claim_key(c)}.beats_fsdp2_from",
+                      beats_from(c) or "never", "nodes", guard="computed", **SCAN)
         for c in SCAN_CONFIGS[1:]}
 # The figure's title: at the largest scale of the scan, every HSDP estimate is below
 # FSDP2's.
@@ -452,8 +447,8 @@ def share_claim(c: str, value: float | checks.Checked) -> float:
     """Record a share at the largest scale: FSDP2's computed, each HSDP's ordered below it."""
     name = f"step_time.{claim_key(c)}.comm_share.{SCAN_NODES[-1]}_nodes"
     if isinstance(value, checks.Checked):
-        return ledger.record(name, value, "of compute (predicted)", fmt=".3f", **SCAN)
-    return ledger.claim(name, value, "of compute (predicted)", fmt=".3f", **SCAN)
+        return PAGE.check(name, value, "of compute (predicted)", fmt=".3f", **SCAN)
+    return PAGE.state(name, value, "of compute (predicted)", fmt=".3f", **SCAN)
 
 
 last = {FSDP2: share_claim(FSDP2, share[FSDP2][-1])}

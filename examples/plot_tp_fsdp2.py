@@ -89,7 +89,7 @@ def train_step(model, opt, tokens: torch.Tensor) -> float:
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, plotting, report
+from guide import checks, plotting, report
 from guide.comm import CollectiveLog, ring_bytes
 from guide.comm.tp import MeshLog, tp_fsdp2_step, tp_fsdp_estimate, tp_step
 from guide.data import synthetic_batches
@@ -110,7 +110,6 @@ CFG = ModelConfig(vocab=64, d_model=32, n_layers=2, n_heads=4, d_mlp=64, max_seq
 BATCHES = synthetic_batches(steps=STEPS, batch_size=PER_DP * DP, seq_len=SEQ,
                             vocab=CFG.vocab, seed=0)
 MAX_NORM = 0.5
-ledger = claims.Ledger("plot_tp_fsdp2")
 SETUP = dict(model=repr(CFG), world_size=WORLD_SIZE, dp=DP, tp=TP)
 
 
@@ -205,9 +204,9 @@ REFERENCE = {opt: reference(opt) for opt in ("sgd", "adamw")}
 # Shard(dim=1))``, a rowwise bias ``(Shard(dim=0), Replicate())``; norms, embeddings and the head,
 # outside the plan, stay on the 1-D dp mesh. Every rank's report must match it.
 shapes_model = build_tp_model(CFG)
-N_PARAMS = ledger.claim("tp-fsdp2.model.params",
-                        sum(p.numel() for p in shapes_model.parameters()), "parameters",
-                        model=repr(CFG))
+N_PARAMS = PAGE.state("tp-fsdp2.model.params",
+                      sum(p.numel() for p in shapes_model.parameters()), "parameters",
+                      model=repr(CFG))
 mismatches = []
 for result in runs["sgd"]:
     want = expected_layout(shapes_model, PLAN, DP, TP, result["dp_rank"])
@@ -224,10 +223,10 @@ LAYOUT = dict(SETUP, rank=0)
 # rank's with expected_layout's; the ledger states them as computed.
 report.show(report.table(
     [[n, str(layout0[n].global_shape),
-      ledger.claim(f"tp-fsdp2.layout.{n}.placements", layout0[n].placements, "placements",
-                   **LAYOUT),
-      ledger.claim(f"tp-fsdp2.layout.{n}.local_shape", str(layout0[n].local_shape), "shape",
-                   **LAYOUT)] for n in shown],
+      PAGE.state(f"tp-fsdp2.layout.{n}.placements", layout0[n].placements, "placements",
+                 **LAYOUT),
+      PAGE.state(f"tp-fsdp2.layout.{n}.local_shape", str(layout0[n].local_shape), "shape",
+                 **LAYOUT)] for n in shown],
     ["parameter", "global", "placements (dp, tp)", "rank 0 local"],
     title=f"{N_PARAMS:,} parameters on a ({DP}, {TP}) mesh: every rank as predicted"))
 
@@ -263,14 +262,13 @@ hsdp = checks.expect_close("whole mesh is HSDP", "rank 0",
                            against=f"FSDP2 over {TP} ranks of the whole model")
 checks.expect_order("whole mesh is HSDP", "memory", float(rank0), float(hsdp),
                     low_name="2-D state", high_name="HSDP state")
-report.show(report.table(
-    [["one process", full, 1.0],
-     [f"TP {TP} x FSDP2 {DP}, rank 0", rank0, rank0.scaled(1 / full, "of one process")],
-     ["whole mesh to fully_shard (HSDP), rank 0", hsdp, hsdp.scaled(1 / full, "of one process")]],
-    ["AdamW model state", "bytes", "of one process"],
-    formats={"bytes": ",.0f", "of one process": ".3f"},
-    title="Measured = model on every rank", record=ledger, name="tp-fsdp2.state",
-    keys=["full", "rank0", "whole_mesh"], **MEM))
+PAGE.show("tp-fsdp2.state",
+          [["one process", full, 1.0],
+           [f"TP {TP} x FSDP2 {DP}, rank 0", rank0, rank0.scaled(1 / full, "of one process")],
+           ["whole mesh to fully_shard (HSDP), rank 0", hsdp, hsdp.scaled(1 / full, "of one process")]],
+          ["AdamW model state", "bytes", "of one process"],
+          formats={"bytes": ",.0f", "of one process": ".3f"},
+          title="Measured = model on every rank", keys=["full", "rank0", "whole_mesh"], **MEM)
 
 # %%
 # 3. Training equals one process
@@ -284,14 +282,14 @@ for opt in ("sgd", "adamw"):
                  checks.assert_losses_match(f"TP+FSDP2, {opt}", ref_losses,
                                             mean_over_ranks([r["losses"] for r in ranks]),
                                             against=checks.SINGLE_PROCESS),
-                 ledger.claim("tolerance.loss", checks.LOSS_TOL, "nats"),
+                 PAGE.state("tolerance.loss", checks.LOSS_TOL, "nats"),
                  checks.assert_params_match(f"TP+FSDP2, {opt}", ref_params, ranks[0]["params"],
                                             checks.PARAM_TOL[opt], against=checks.SINGLE_PROCESS),
-                 ledger.claim(f"tolerance.param.{opt}", checks.PARAM_TOL[opt], "absolute")])
-report.show(report.table(
-    rows, ["optimizer", "max |Δloss|", "loss tol", "max |Δparam|", "param tol"],
-    formats={c: ".1e" for c in ("max |Δloss|", "loss tol", "max |Δparam|", "param tol")},
-    record=ledger, name="tp-fsdp2.train", steps=STEPS, **SETUP))
+                 PAGE.state(f"tolerance.param.{opt}", checks.PARAM_TOL[opt], "absolute")])
+PAGE.show("tp-fsdp2.train",
+          rows, ["optimizer", "max |Δloss|", "loss tol", "max |Δparam|", "param tol"],
+          formats={c: ".1e" for c in ("max |Δloss|", "loss tol", "max |Δparam|", "param tol")},
+          steps=STEPS, **SETUP)
 
 # %%
 # 4. Collectives per mesh dimension
@@ -338,11 +336,11 @@ for dim in ("tp", "dp"):
                                 sum(ring_bytes(c) for c in model_), 1e-9, "ring bytes",
                                 rel=True, against="the model's collectives, ring cost"
                                 ).scaled(1 / 2**10, "KiB")])
-report.show(report.table(
-    comm_rows, ["group: collective", "calls", "elements", "KiB sent (ring)"],
-    formats={"calls": ",.0f", "elements": ",.0f", "KiB sent (ring)": ",.2f"},
-    title=f"One step on rank 0 = the model ({STEPS - 1} steps counted)",
-    record=ledger, name="tp-fsdp2.step", **COMM))
+PAGE.show("tp-fsdp2.step",
+          comm_rows, ["group: collective", "calls", "elements", "KiB sent (ring)"],
+          formats={"calls": ",.0f", "elements": ",.0f", "KiB sent (ring)": ",.2f"},
+          title=f"One step on rank 0 = the model ({STEPS - 1} steps counted)",
+          **COMM)
 
 fig, ax = plt.subplots(figsize=(7.5, 2.8))
 plotting.style()
@@ -398,11 +396,10 @@ norm_rows = [["one process", ref_norm],
                                     ref_norm, low_name="to_local() norm",
                                     high_name="the true norm", unit="L2")]
                for r, c in enumerate(clip))]
-report.show(report.table(norm_rows, ["gradient norm", "L2"], formats={"L2": ".5f"},
-                         record=ledger, name="tp-fsdp2.norm",
-                         keys=["reference", "full_tensor", *(f"to_local.rank{r}"
-                                                             for r in range(len(clip)))],
-                         **NORM))
+PAGE.show("tp-fsdp2.norm", norm_rows, ["gradient norm", "L2"], formats={"L2": ".5f"},
+          keys=["reference", "full_tensor", *(f"to_local.rank{r}"
+                                              for r in range(len(clip)))],
+          **NORM)
 
 # %%
 # **A parameter outside the TP plan.** The norms, embeddings and head stay on the 1-D dp mesh
@@ -421,9 +418,9 @@ dgrad = checks.assert_params_match("clip_by_mesh", ref_grads, clip[0]["grads"],
 print(f"torch, clip_grad_norm_(model.parameters(), {MAX_NORM}):\n  RuntimeError: "
       + clip[0]["error"].splitlines()[0])
 print(f"clip_by_mesh: clipped gradients = one process's within "
-      f"{ledger.record('tp-fsdp2.clip.grad_gap', dgrad, 'absolute', fmt='.1e', **NORM):.1e}"
+      f"{PAGE.check('tp-fsdp2.clip.grad_gap', dgrad, 'absolute', fmt='.1e', **NORM):.1e}"
       f" (tol {checks.PARAM_TOL['sgd']:.0e}); norm gap "
-      f"{ledger.record('tp-fsdp2.clip.norm_gap', gap, 'L2', fmt='.1e', **NORM):.1e}")
+      f"{PAGE.check('tp-fsdp2.clip.norm_gap', gap, 'L2', fmt='.1e', **NORM):.1e}")
 
 # %%
 # 6. When the second dimension pays (an estimate)
@@ -446,14 +443,14 @@ for preset in ("llama-3-8b", "llama-3-70b", "llama-3.1-405b"):
         EST = dict(model=preset, gpus=GPUS, tp=tp, seq_len=EST_SEQ, micro_batch=1,
                    sequence_parallel=False, precision="bf16", checkpointing="none")
         key = f"tp-fsdp2.estimate.{preset}.tp{tp}"
-        est_rows.append([preset, tp, ledger.claim(f"{key}.global_batch", e.global_batch,
-                                                  "sequences", **EST),
-                         ledger.claim(f"{key}.activations_gib",
-                                      round(e.activation_bytes / GiB, 1), "GiB", **EST),
-                         ledger.claim(f"{key}.gathered_layer_mib",
-                                      round(e.gathered_layer_bytes / 2**20, 1), "MiB", **EST),
-                         ledger.claim(f"{key}.tp_all_reduce_mib",
-                                      round(e.tp_all_reduce_bytes / 2**20, 1), "MiB", **EST)])
+        est_rows.append([preset, tp, PAGE.state(f"{key}.global_batch", e.global_batch,
+                                                "sequences", **EST),
+                         PAGE.state(f"{key}.activations_gib",
+                                    round(e.activation_bytes / GiB, 1), "GiB", **EST),
+                         PAGE.state(f"{key}.gathered_layer_mib",
+                                    round(e.gathered_layer_bytes / 2**20, 1), "MiB", **EST),
+                         PAGE.state(f"{key}.tp_all_reduce_mib",
+                                    round(e.tp_all_reduce_bytes / 2**20, 1), "MiB", **EST)])
 # Each cell is a named claim above with its own row's assumptions (the tp degree), so the table
 # itself records nothing more.
 report.show(report.table(

@@ -98,7 +98,7 @@ report.show(report.table([[Link(symptom, f"#whenbreaks-{label}"), cause, fix]
 import matplotlib.pyplot as plt
 
 import guide
-from guide import checks, claims, plotting
+from guide import checks, plotting
 from guide.comm import CollectiveLog
 from guide.data import rank_slice, synthetic_batches
 from guide.hangs import expect_failure, gist, witness
@@ -118,7 +118,6 @@ BATCHES = synthetic_batches(steps=1, batch_size=4 * WORLD_SIZE, seq_len=16,
                             vocab=CFG.vocab).expand(STEPS, -1, -1)
 REFERENCE = reference_run(CFG, "sgd", BATCHES)  # (losses, final params), one process
 TOL = checks.PARAM_TOL["sgd"]  # fp32: the gap to one process is reduction order only
-ledger = claims.Ledger("plot_when_fsdp2_breaks")
 RUN = dict(model="tinylm-2-blocks", optimizer="sgd", world_size=WORLD_SIZE)
 SGD = lambda params: make_optimizer("sgd", params)  # noqa: E731 (the site's SGD, lr 0.1)
 # the root's own parameters: those of no block (what the last fully_shard call takes)
@@ -208,14 +207,14 @@ for way in ORDER_WAYS:
         checks.expect("pitfall reproduces", f"{run}: {way}", losses[-1] < losses[0],
                       f"the loss did not fall ({losses}): the mistake is no longer silent.")
         assert_reproduces(f"{run}: {way}", mine["guard"], "plain tensors, not FSDP2 shards")
-        gap = ledger.claim(f"whenbreaks.order.{key}.gap", max(
+        gap = PAGE.state(f"whenbreaks.order.{key}.gap", max(
             (mine["params"][n] - REFERENCE[1][n]).abs().max().item() for n in REFERENCE[1]),
             "absolute", fmt=".1e", **RUN)
-        frozen = ledger.record(f"whenbreaks.order.{key}.frozen_tensors", checks.expect_close(
+        frozen = PAGE.check(f"whenbreaks.order.{key}.frozen_tensors", checks.expect_close(
             "frozen parameters", f"{run}: {way}", len(mine["frozen"]), len(ROOT_PARAMS), 0,
             what="tensors that never moved", unit="tensors",
             against="the root's own parameters, counted on the model"), fmt=".0f", **RUN)
-        elements = ledger.record(f"whenbreaks.order.{key}.frozen_params", checks.expect_close(
+        elements = PAGE.check(f"whenbreaks.order.{key}.frozen_params", checks.expect_close(
             "frozen parameters", f"{run}: {way}",
             sum(mine["params"][n].numel() for n in mine["frozen"]), sum(ROOT_PARAMS.values()), 0,
             what="parameters that never moved", unit="parameters",
@@ -225,7 +224,7 @@ for way in ORDER_WAYS:
                       f"guard {mine['guard']}, frozen {mine['frozen']}")
         checks.assert_losses_match(f"{run}: {way}", REFERENCE[0], losses,
                                    against=checks.SINGLE_PROCESS)
-        gap = ledger.record(f"whenbreaks.order.{key}.gap", checks.assert_params_match(
+        gap = PAGE.check(f"whenbreaks.order.{key}.gap", checks.assert_params_match(
             f"{run}: {way}", REFERENCE[1], mine["params"], TOL, against=checks.SINGLE_PROCESS),
             fmt=".1e", **RUN)
         frozen, elements = 0, 0
@@ -233,13 +232,12 @@ for way in ORDER_WAYS:
                        "raises" if mine["guard"] else "passes"])
 FORWARD_FIRST = ORDER[0]["forward first"]
 print("never moved (forward first):", ", ".join(FORWARD_FIRST["frozen"]))
-report.show(report.table(
-    ORDER_ROWS, ["order", "tensors frozen", "parameters frozen", "loss, first step",
-                 "loss, last step", "max gap to one process", "optimizer_holds_shards"],
-    formats={"parameters frozen": ",.0f", "loss, first step": ".4f", "loss, last step": ".4f",
-             "max gap to one process": ".1e"},
-    title=f"{STEPS} SGD steps on one batch, loss the mean over ranks", record=ledger,
-    name="whenbreaks.order.table", **RUN))
+PAGE.show("whenbreaks.order.table",
+          ORDER_ROWS, ["order", "tensors frozen", "parameters frozen", "loss, first step",
+                       "loss, last step", "max gap to one process", "optimizer_holds_shards"],
+          formats={"parameters frozen": ",.0f", "loss, first step": ".4f", "loss, last step": ".4f",
+                   "max gap to one process": ".1e"},
+          title=f"{STEPS} SGD steps on one batch, loss the mean over ranks", **RUN)
 # sphinx_gallery_end_ignore
 
 # %%
@@ -355,7 +353,7 @@ error = assert_reproduces(run + ": generate", METHODS["not registered"]["message
 print(f"model.forward(x), or generate() calling self.forward, on torch {torch.__version__}:\n"
       f"  {error}\n")
 one_process = generate_lm().generate(PROMPT, NEW_TOKENS)
-ledger.claim("whenbreaks.generate.new_tokens", NEW_TOKENS, "tokens", **RUN)
+PAGE.state("whenbreaks.generate.new_tokens", NEW_TOKENS, "tokens", **RUN)
 EXPECTED_GATHERS = {  # (first call, second call, the rule): the rules above, for this model
     "registered": (1 + CFG.n_layers * NEW_TOKENS, CFG.n_layers * NEW_TOKENS,
                    "one per block per token, the root's once, then kept"),
@@ -370,23 +368,23 @@ for way, (first, second, rule) in EXPECTED_GATHERS.items():
                   f"generated {got['tokens']}, one process generated {one_process} "
                   f"({got['messages']})")
     key = "registered" if way == "registered" else "keep"
-    counts = [ledger.record(f"whenbreaks.generate.{key}.{call}", checks.expect_close(
+    counts = [PAGE.check(f"whenbreaks.generate.{key}.{call}", checks.expect_close(
         "comm calls", f"{run}: {way}", measured, want, 0, what="all-gathers", unit="calls",
         against=rule),
         fmt=".0f", **RUN) for call, measured, want in
         zip(("first_call", "second_call"), got["all_gathers"], (first, second))]
     GEN_ROWS.append([way, "one process's tokens", *counts])
 EVAL = METHODS["eval"]
-eval_counts = [ledger.record(f"whenbreaks.eval.forward_{i + 1}.all_gathers", checks.expect_close(
+eval_counts = [PAGE.check(f"whenbreaks.eval.forward_{i + 1}.all_gathers", checks.expect_close(
     "comm calls", f"{run}: eval forward {i + 1}", measured, GROUPS if i == 0 else CFG.n_layers, 0,
     what="all-gathers", unit="calls", against="every group first, then the blocks (root kept)"),
     fmt=".0f", **RUN) for i, measured in enumerate(EVAL["all_gathers"])]
 checks.expect("root kept", run, EVAL["root kept"],
               "after an eval forward the root's tok_emb.weight is a DTensor again")
-report.show(report.table(
-    GEN_ROWS, ["generate()", "result", "all-gathers, 1st call", "all-gathers, 2nd call"],
-    title=f"{NEW_TOKENS} new tokens, greedy, model.eval(); TinyLM with {CFG.n_layers} blocks",
-    record=ledger, name="whenbreaks.generate.table", **RUN))
+PAGE.show("whenbreaks.generate.table",
+          GEN_ROWS, ["generate()", "result", "all-gathers, 1st call", "all-gathers, 2nd call"],
+          title=f"{NEW_TOKENS} new tokens, greedy, model.eval(); TinyLM with {CFG.n_layers} blocks",
+          **RUN)
 print(f"model(x) in eval, three forwards in a row: {eval_counts} all-gathers; the root's "
       "parameters stay gathered after the first")
 # sphinx_gallery_end_ignore
@@ -510,12 +508,12 @@ HANGS = {} if guide.under_torchrun() else {  # a hang in torchrun's own group wo
 # sphinx_gallery_start_ignore
 run = "3. skipped module"
 DEFAULT_TIMEOUT = torch.distributed.constants.default_pg_timeout
-default_min = ledger.claim("whenbreaks.hang.default_timeout_min",
-                           DEFAULT_TIMEOUT.total_seconds() / 60, "minutes", fmt=".0f",
-                           backend="gloo")
+default_min = PAGE.state("whenbreaks.hang.default_timeout_min",
+                         DEFAULT_TIMEOUT.total_seconds() / 60, "minutes", fmt=".0f",
+                         backend="gloo")
 checks.expect("pitfall reproduces", run, default_min == 30,
               f"torch's default process-group timeout is now {DEFAULT_TIMEOUT}: update the text.")
-timeout_s = ledger.claim("whenbreaks.hang.timeout_s", HANG_TIMEOUT_S, "s", fmt=".0f", **RUN)
+timeout_s = PAGE.state("whenbreaks.hang.timeout_s", HANG_TIMEOUT_S, "s", fmt=".0f", **RUN)
 for way, params in FIXES.items():
     checks.assert_params_match(f"{run}, fixed with {way}", MOE_REFERENCE, params, TOL,
                                against=checks.SINGLE_PROCESS)
@@ -535,7 +533,7 @@ else:
     timed_out = assert_reproduces(run + " (own group)", [s.error for s in own.ranks],
                                   f"Timed out waiting {HANG_TIMEOUT_S * 1000:.0f}ms")
     first = min(s.seconds for s in own.ranks if "Timed out waiting" in s.error)
-    waited = ledger.record("whenbreaks.hang.own_group.seconds", checks.expect_close(
+    waited = PAGE.check("whenbreaks.hang.own_group.seconds", checks.expect_close(
         "timeout", run + " (own group)", first, HANG_TIMEOUT_S, 2.0, what="seconds to the error",
         unit="s", against="the timeout given to init_process_group"), fmt=".1f", **RUN)
     aborted = assert_reproduces(run + " (shared group)", [s.stderr for s in shared.ranks],
@@ -546,8 +544,8 @@ else:
                   and "Received data size" in who.stderr,
                   f"rank {who.rank} failed first, in {who.waiting_in!r}, saying {who.stderr!r}; "
                   f"expected an idle rank {IDLE} aborted by gloo in the reduce-scatter")
-    job_s = {own_: ledger.claim(f"whenbreaks.hang.{name}.job_seconds", h.seconds, "s",
-                                fmt=".1f", **RUN)
+    job_s = {own_: PAGE.state(f"whenbreaks.hang.{name}.job_seconds", h.seconds, "s",
+                              fmt=".1f", **RUN)
              for own_, name, h in ((True, "own_group", own), (False, "shared_group", shared))}
     rows = [[f"rank {s.rank}", "idle" if s.rank in IDLE else "routed", s.waiting_in,
              s.error or "(no Python error)"] for s in own.ranks]

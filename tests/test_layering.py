@@ -20,11 +20,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "guide"
 #: modules of its own entry or of an entry before it.
 LAYERS = (
     "guide.validate", "guide.world_sizes", "guide.checked", "guide.claims", "guide.constants",
-    "guide.launcher", "guide.page", "guide.model", "guide.data", "guide.layout", "guide.sharding",
+    "guide.launcher", "guide.declaration", "guide.model", "guide.data", "guide.layout", "guide.sharding",
     "guide.optimizers", "guide.memory", "guide.comm", "guide.unshard_timeline", "guide.checks", "guide.training",
     "guide.reference", "guide.precision", "guide.saved_tensors", "guide.tensor_parallel",
     "guide.compiled", "guide.checkpoint_verify", "guide.checkpoint", "guide.hangs", "guide.report",
-    "guide.rendered", "guide.rendered_tables", "guide.plotting", "guide.memory.cli",
+    "guide.rendered", "guide.rendered_tables", "guide.page", "guide.plotting", "guide.memory.cli",
     "guide.memory.widget", "guide.memory.__main__", "guide", "guide.pitfalls",
 )
 

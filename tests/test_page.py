@@ -10,7 +10,8 @@ import pytest
 from conftest import EXAMPLES, ROOT
 
 import guide
-from guide.page import Declaration, Page, declared_page
+from guide.declaration import Declaration, declared_page
+from guide.page import Page
 from guide.world_sizes import Contract, UnsupportedWorldSize, declared
 
 sys.path.insert(0, str(ROOT / "docs"))

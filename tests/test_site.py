@@ -37,7 +37,7 @@ from urllib.parse import unquote, urldefrag
 
 import pytest
 
-from guide.page import declared_page
+from guide.declaration import declared_page
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("GUIDE_SITE_DIR", ROOT / "docs" / "_build" / "html"))

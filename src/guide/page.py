@@ -1,61 +1,59 @@
-"""A gallery page's declaration: where it stands in the story, the call it teaches, its world sizes.
+"""The running page: it declares itself, and every number it checks, shows or concludes is recorded.
 
-Each example declares itself in one call, before its first job::
+Each example opens with one call, before its first job::
 
     PAGE = guide.Page(section="Memory", order=2, key_api="fully_shard(",
                       world_size=4, supports=(2, 4, 8))
     WORLD_SIZE = PAGE.world_size  # 4 under python; torchrun's WORLD_SIZE under torchrun
 
-The site reads the same call *statically* (:func:`declared_page`, ``ast``, nothing run): the
-gallery's sections and order (``docs/gallery_order.py``), the key API the first code block must call
-(the site tests), and the world sizes (:func:`guide.world_sizes.declared`: the world-size directive,
-each page's header, the Slurm check and the test matrix). Adding a page is writing this call; no
-list elsewhere names the page. At run time the call checks its arguments and holds the world size,
-refusing an unsupported size under torchrun at once (:func:`guide.launcher.rank.world_size`).
+The site reads the call without running it (:mod:`guide.declaration`). At run time the page is
+also the page's ledger (:class:`guide.claims.Ledger`, named after the example's file), and
+recording is a side effect of saying something:
 
-Nothing here imports torch.
+* ``PAGE.show("main-example.gaps", rows, columns, formats=...)`` displays the table wherever it
+  stands in a cell (:func:`guide.report.show`) and records every number cell and the table itself,
+  so the build fails if the rendered page lacks it (:mod:`guide.rendered_tables`);
+* ``PAGE.check(name, checked)`` records a value a :mod:`guide.checks` check returned, with its
+  guard; ``PAGE.state(name, value, unit)`` a computed number; ``PAGE.cite(name)`` a cited constant;
+* ``PAGE.conclude(f"...")`` prints the verdict, and refuses a number in it that the page did not
+  record (the strict scan of the built site would fail later; this fails under ``python`` too).
+
+A keyword that is neither an option nor an assumption of :data:`guide.claims.ASSUMPTIONS` is an
+error naming the closest one. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-from collections.abc import Iterable
+import contextlib
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from guide import constants, rendered, report
+from guide.checked import Checked
+from guide.claims import Ledger
+from guide.declaration import Declaration
 from guide.launcher.rank import world_size as _world_size
 from guide.world_sizes import Contract
 
-__all__ = ["Declaration", "Page", "declared_page"]
-
-#: The keywords of the declaring call: the page's place and key API, then its world-size contract.
-PLACE = ("section", "order", "key_api")
-SIZES = ("world_size", "supports", "why")
+__all__ = ["Page", "page_name"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Declaration:
-    """What a page declares: its ``section`` (a title of ``gallery_order.SECTIONS``), its ``order``
-    within the section (1 first), the ``key_api`` text its first code block must contain, and its
-    world-size contract."""
-
-    section: str
-    order: int
-    key_api: str
-    contract: Contract
-
-    def __post_init__(self) -> None:
-        for name in ("section", "key_api"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}.")
-        if not isinstance(self.order, int) or isinstance(self.order, bool) or self.order < 1:
-            raise ValueError(f"order must be a whole number from 1 (first in its section), "
-                             f"got {self.order!r}.")
+def page_name(caller_globals: Mapping[str, Any]) -> str:
+    """The example a page runs in, for its ledger: the stem of the running file (``__file__``
+    under ``python`` and ``runpy``; ``sys.argv[0]``, which sphinx-gallery sets to the example,
+    in the docs build, where ``__file__`` is not defined), else ``"notebook"``."""
+    for candidate in (caller_globals.get("__file__"), sys.argv[0] if sys.argv else None):
+        if candidate and str(candidate).endswith(".py"):
+            return Path(candidate).stem
+    return "notebook"
 
 
 class Page:
-    """The running page: its :class:`Declaration` and the world size it runs at."""
+    """The running page: its :class:`~guide.declaration.Declaration`, the world size it runs at,
+    and its ledger (``PAGE.ledger``), which every ``show``, ``check``, ``state``, ``cite`` and
+    ``conclude`` records into."""
 
     def __init__(self, *, section: str, order: int, key_api: str, world_size: int,
                  supports: Iterable[int], why: str = "") -> None:
@@ -63,53 +61,70 @@ class Page:
                                        Contract(world_size, tuple(supports), why))
         #: The default under ``python``; torchrun's ``WORLD_SIZE`` (if supported) under torchrun.
         self.world_size = _world_size(world_size, supports=tuple(supports), why=why)
+        #: Every number this page states (see :class:`guide.claims.Ledger`), named for its file.
+        self.ledger = Ledger(page_name(sys._getframe(1).f_globals))
 
     def __repr__(self) -> str:
         d = self.declaration
         return (f"Page(section={d.section!r}, order={d.order}, key_api={d.key_api!r}, "
                 f"world_size={self.world_size})")
 
+    @contextlib.contextmanager
+    def scope(self, **assumptions: Any) -> Iterator[Page]:
+        """Within ``with PAGE.scope(steps=20):`` every record also depends on ``steps=20``."""
+        with self.ledger.scope(**assumptions):
+            yield self
 
-def declaring_call(tree: ast.AST, filename: str) -> ast.Call | None:
-    """The one ``Page(...)`` call of a parsed file (``None`` if there is none); two is an error."""
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
-             and (node.func.attr if isinstance(node.func, ast.Attribute)
-                  else getattr(node.func, "id", "")) == "Page"]
-    if len(calls) > 1:
-        raise ValueError(f"{filename}: declare the page once; found {len(calls)} Page(...) calls "
-                         f"(lines {', '.join(str(c.lineno) for c in calls)}).")
-    return calls[0] if calls else None
+    def show(self, name: str | None, rows: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]],
+             columns: Sequence[str] | None = None, *, formats: Mapping[str, str] | None = None,
+             title: str | None = None, keys: Sequence[str] | None = None,
+             **assumptions: Any) -> None:
+        """Display a table now and record it as ``name``: each number cell as
+        ``<name>.<row key>.<column>`` (a :class:`~guide.checked.Checked` cell with its check's
+        guard), and the table, which must then be on the rendered page. ``name=None`` shows a
+        table without numbers (shapes, names, placements); one with a number cell is refused."""
+        if name is None:
+            numbers = [v for row in rows
+                       for v in (row.values() if isinstance(row, Mapping) else row)
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if numbers or assumptions or keys is not None:
+                raise ValueError(f"PAGE.show(None, ...): the table has number cells "
+                                 f"({numbers[:3]!r}...) or assumptions; name it, so its "
+                                 "numbers are recorded." if numbers else
+                                 "PAGE.show(None, ...): keys and assumptions need a name.")
+            report.show(report.table(rows, columns, formats, title))
+            return
+        report.show(report.table(rows, columns, formats, title, record=self.ledger, name=name,
+                                 keys=keys, **assumptions))
 
+    def check(self, name: str, checked: Checked, unit: str | None = None, *,
+              fmt: str | None = None, shown: str | None = None, **assumptions: Any) -> float:
+        """Record a value a check returned, with the check's guard; return it as shown
+        (:meth:`guide.claims.Ledger.record`)."""
+        return self.ledger.record(name, checked, unit, fmt=fmt, shown=shown, **assumptions)
 
-def literal_keywords(call: ast.Call, filename: str) -> dict[str, object]:
-    """The keyword arguments of the declaring call as values; only the known ones, all literal."""
-    if call.args or any(k.arg is None for k in call.keywords):
-        raise ValueError(f"{filename}, line {call.lineno}: declare the page with keywords only: "
-                         f"Page({', '.join(f'{k}=...' for k in PLACE + SIZES)}).")
-    unknown = sorted({k.arg for k in call.keywords} - set(PLACE + SIZES))
-    if unknown:
-        raise ValueError(f"{filename}, line {call.lineno}: Page() takes no {', '.join(unknown)}; "
-                         f"its keywords are {', '.join(PLACE + SIZES)}.")
-    try:
-        return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-    except ValueError:
-        raise ValueError(f"{filename}, line {call.lineno}: the page declaration must use literal "
-                         "values (the docs read it without running the page).") from None
+    def state(self, name: str, value: Any, unit: str, *, fmt: str | None = None,
+              shown: str | None = None, **assumptions: Any) -> Any:
+        """Record a computed number (no check compares it with an independent value); return it
+        as shown (:meth:`guide.claims.Ledger.claim`)."""
+        return self.ledger.claim(name, value, unit, fmt=fmt, shown=shown, **assumptions)
 
+    def cite(self, name: str) -> float | int:
+        """Record that this page states the cited constant ``name``; return its value
+        (:func:`guide.constants.cite`)."""
+        return constants.cite(self.ledger, name)
 
-def declared_page(path: str | Path) -> Declaration:
-    """The declaration of an example file, read without running it: a :class:`ValueError` naming
-    the file and the fix when it has none, two, or one that is not literal or not complete."""
-    path = Path(path)
-    call = declaring_call(ast.parse(path.read_text(), str(path)), path.name)
-    if call is None:
-        raise ValueError(f"{path.name}: no guide.Page(...) call declares the page: add "
-                         "PAGE = guide.Page(section=..., order=..., key_api=..., world_size=..., "
-                         "supports=...) before its first job.")
-    given = literal_keywords(call, path.name)
-    missing = [k for k in PLACE + SIZES[:2] if k not in given]
-    if missing:
-        raise ValueError(f"{path.name}, line {call.lineno}: the page declaration lacks "
-                         f"{', '.join(missing)}.")
-    contract = Contract(given["world_size"], tuple(given["supports"]), given.get("why", ""))
-    return Declaration(given["section"], given["order"], given["key_api"], contract)
+    def conclude(self, text: str) -> None:
+        """Print the page's verdict (:func:`guide.report.conclusion`). Every number in it must be
+        one this page recorded, at the precision shown: the verdict quotes the page's numbers, it
+        does not type new ones (the rules are :mod:`guide.rendered`'s, so a number it accepts
+        here the built site's scan accepts too)."""
+        missing = rendered.unrecorded_numbers(self.ledger.page, " ".join(text.split()),
+                                              self.ledger.records)
+        if missing:
+            raise ValueError(
+                f"{self.ledger.page}: the conclusion states "
+                f"{', '.join(repr(m.number) for m in missing)}, which the page did not record: "
+                "record it (PAGE.check / PAGE.state, or a PAGE.show table) and format the value "
+                "the record returns.")
+        report.conclusion(text)

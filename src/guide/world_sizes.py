@@ -1,6 +1,6 @@
 """The world sizes an example supports: declared once, at the top of the page, and read from there.
 
-Each example declares its contract in its page declaration (:mod:`guide.page`), before its first
+Each example declares its contract in its page declaration (:mod:`guide.declaration`), before its first
 job::
 
     PAGE = guide.Page(section="Operate: checkpoints, clusters", order=1, key_api="init_device_mesh(",
@@ -30,7 +30,7 @@ __all__ = ["Contract", "NoDeclaration", "UnsupportedWorldSize", "check", "declar
 
 #: The name of the declaring call, as an example spells it: ``guide.world_size(...)``.
 CALL = "world_size"
-#: The call that declares a gallery page, world sizes included (:mod:`guide.page`).
+#: The call that declares a gallery page, world sizes included (:mod:`guide.declaration`).
 PAGE_CALL = "Page"
 
 
@@ -129,7 +129,7 @@ def declared(path: str | Path) -> Contract:
 
 
 def _from_page(calls: list[ast.Call], path: Path) -> Contract:
-    """The contract in a page's ``guide.Page(...)`` declaration (:mod:`guide.page` reads the rest)."""
+    """The contract in a page's ``guide.Page(...)`` declaration (:mod:`guide.declaration` reads the rest)."""
     if len(calls) != 1:
         raise ValueError(f"{path.name}: expected one guide.Page(...) call declaring the page, "
                          f"found {len(calls)}.")

@@ -1,0 +1,119 @@
+"""The page kit (:class:`guide.page.Page`): a page records as a side effect of what it says.
+
+A table shown through the page is displayed wherever it stands and recorded in the same call; a
+table without a name may hold no numbers; the verdict refuses a number the page did not record; a
+typo in a keyword is an error; the ledger is named after the running example. Each test plants the
+fault its guard exists for.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+import guide
+from guide import checks, report
+from guide.claims import LEDGER_ENV
+from guide.page import Page, page_name
+
+ROWS = [["rank 0", 10, 0.5], ["rank 1", 10, 0.5]]
+COLS = ["rank", "elements", "share"]
+
+
+def _page() -> Page:
+    return Page(section="Memory", order=1, key_api="fully_shard(", world_size=2, supports=(2,))
+
+
+def test_show_prints_and_records_the_table_in_one_call(capsys) -> None:
+    page = _page()
+    assert page.show("kit.shares", ROWS, COLS, formats={"share": ".0%"}) is None  # not shown twice
+    out = capsys.readouterr().out
+    assert "rank 0" in out and "50%" in out  # displayed under python, mid-cell
+    assert [t.name for t in page.ledger.tables] == ["kit.shares"]
+    names = {r.name: r for r in page.ledger.records}
+    assert names["kit.shares.rank_0.elements"].value == 10
+    assert names["kit.shares.rank_1.share"].shown == "50%"
+
+
+def test_show_in_the_gallery_queues_the_table_for_the_block_it_stands_in(monkeypatch) -> None:
+    monkeypatch.setattr(report, "_in_gallery", lambda: True)
+    page = _page()
+    page.show("kit.shares", ROWS, COLS)
+    page.show(None, [["a", "b"]], ["x", "y"])  # not the last expression of the cell either
+    html = report.gallery_scraper(None, None, None)
+    assert html.count("<table") == 2 and "rank 1" in html
+    assert report.gallery_scraper(None, None, None) == ""  # each table once
+
+
+def test_a_table_without_a_name_may_hold_no_numbers(capsys) -> None:
+    page = _page()
+    with pytest.raises(ValueError, match="name it, so its numbers are recorded"):
+        page.show(None, ROWS, COLS)
+    with pytest.raises(ValueError, match="need a name"):
+        page.show(None, [["a"]], ["x"], keys=["k"])
+    page.show(None, [["blocks.0.qkv.weight", (128, 64), True]], ["parameter", "shape", "sharded"])
+    assert "(128, 64)" in capsys.readouterr().out
+    assert page.ledger.records == [] and page.ledger.tables == []
+
+
+def test_the_conclusion_refuses_a_number_the_page_did_not_record(capsys) -> None:
+    page = _page()
+    gap = page.check("kit.gap", checks.expect_close("a match", "r", 0.0123, 0.0121, 0.001,
+                                                    against="one process"), "nats", fmt=".3f",
+                     world_size=page.world_size)
+    page.conclude(f"The largest gap is {gap:.3f} nats on {page.world_size} ranks.")
+    assert "0.012 nats" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"states '0\.5', which the page did not record"):
+        page.conclude(f"The largest gap is {gap:.3f} nats, half a step: 0.5.")
+    with pytest.raises(ValueError, match="'7'"):
+        page.conclude("FSDP2 on 7 ranks.")  # an identifier's digits are exempt, a count is not
+
+
+@pytest.mark.parametrize("call", [
+    lambda p: p.show("kit.t", ROWS, COLS, fromats={"share": ".0%"}),
+    lambda p: p.state("kit.n", 3, "ranks", fnt=".0f"),
+    lambda p: p.check("kit.c", checks.expect_close("c", "r", 1.0, 1.01, 0.1, against="x"),
+                      shwon="1"),
+], ids=["show", "state", "check"])
+def test_a_typo_in_a_keyword_is_an_error_naming_the_option(call) -> None:
+    with pytest.raises(TypeError, match="did you mean"):
+        call(_page())
+
+
+def test_check_takes_only_what_a_check_returned() -> None:
+    with pytest.raises(TypeError, match="not the value a guide.checks check returned"):
+        _page().check("kit.c", 1.0)
+
+
+def test_cite_records_the_constant_with_its_source() -> None:
+    page = _page()
+    value = page.cite("h100.memory_total")
+    record = page.ledger.records[0]
+    assert record.name == "constant.h100.memory_total" and record.value == value
+    assert record.guard.startswith("cited: ")
+
+
+def test_the_ledger_is_named_after_the_running_example(tmp_path: Path, monkeypatch) -> None:
+    assert page_name({"__file__": "/x/examples/plot_abc.py"}) == "plot_abc"  # python, runpy
+    monkeypatch.setattr(sys, "argv", ["/x/examples/plot_gallery.py"])  # sphinx-gallery
+    assert page_name({}) == "plot_gallery"
+    monkeypatch.setattr(sys, "argv", ["ipykernel_launcher"])  # a notebook
+    assert page_name({}) == "notebook"
+    example = tmp_path / "plot_kit_demo.py"
+    example.write_text("import guide\n"
+                       "PAGE = guide.Page(section='Memory', order=1, key_api='x', world_size=2, "
+                       "supports=(2,))\n"
+                       "PAGE.state('kit.demo', 3, 'ranks')\n")
+    monkeypatch.setenv(LEDGER_ENV, str(tmp_path / "ledger"))
+    runpy.run_path(str(example), run_name="__main__")
+    lines = (tmp_path / "ledger" / "plot_kit_demo.jsonl").read_text().splitlines()
+    assert [json.loads(line)["name"] for line in lines] == ["kit.demo"]
+    assert json.loads(lines[0])["page"] == "plot_kit_demo"
+
+
+def test_guide_exports_the_page() -> None:
+    assert guide.Page is Page
