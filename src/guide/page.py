@@ -87,11 +87,12 @@ class Page:
             numbers = [v for row in rows
                        for v in (row.values() if isinstance(row, Mapping) else row)
                        if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            if numbers or assumptions or keys is not None:
+            if numbers:
                 raise ValueError(f"PAGE.show(None, ...): the table has number cells "
                                  f"({numbers[:3]!r}...) or assumptions; name it, so its "
-                                 "numbers are recorded." if numbers else
-                                 "PAGE.show(None, ...): keys and assumptions need a name.")
+                                 "numbers are recorded.")
+            if assumptions or keys is not None:
+                raise ValueError("PAGE.show(None, ...): keys and assumptions need a name.")
             report.show(report.table(rows, columns, formats, title))
             return
         report.show(report.table(rows, columns, formats, title, record=self.ledger, name=name,
