@@ -17,6 +17,7 @@ import contextlib
 import datetime
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,17 +104,55 @@ def docs(session: nox.Session) -> None:
     session.log(f"open file://{os.path.abspath('docs/_build/html/index.html')}")
 
 
+def _one_page(session: nox.Session) -> tuple[str, ...]:
+    """The examples ``nox -s page -- plot_x [plot_y]`` names, checked by docs/one_page.py before
+    anything is installed: a wrong name fails at once, naming every example."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("one_page", Path("docs/one_page.py"))
+    one_page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(one_page)
+    try:
+        return one_page.pages(" ".join(session.posargs),
+                              asked=f"nox -s page -- {' '.join(session.posargs)}".rstrip())
+    except ValueError as err:
+        session.error(str(err))
+
+
+def _install_unless_unchanged(session: nox.Session, extras: str) -> None:
+    """:func:`_install`, skipped when pyproject.toml and constraints.txt are as they were at this
+    venv's last install (the package is installed editable: a change under src/ needs none). The
+    one-page loop saves pip's seconds; delete the venv (.nox/page) to force an install."""
+    import hashlib
+
+    stamp = Path(session.virtualenv.location) / ".guide-installed"
+    digest = hashlib.sha256(extras.encode() + Path("pyproject.toml").read_bytes()
+                            + Path("constraints.txt").read_bytes()).hexdigest()
+    if stamp.is_file() and stamp.read_text() == digest:
+        _require_supported_python(session)
+        session.log("install skipped: pyproject.toml and constraints.txt unchanged since this "
+                    "venv's last install")
+        return
+    _install(session, extras)
+    if "--install-only" not in sys.argv and "--no-install" not in sys.argv:
+        stamp.write_text(digest)
+
+
 @nox.session
 def page(session: nox.Session) -> None:
-    """The one-page loop: ``nox -s page -- plot_x`` re-runs one example (whatever changed in
-    ``guide``) into the last build of the site, every other page as that build left it, with the
-    site's checks (ledger, strict scan, recorded tables). Run ``nox -s docs`` once first, and again
-    before you stop: only it runs every page."""
-    if len(session.posargs) != 1:
-        session.error("give one example: nox -s page -- plot_ddp_vs_fsdp2")
-    _install(session, "docs")
-    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html",
-                env={**ENV, "GUIDE_PAGE": session.posargs[0]})
+    """The one-page loop: ``nox -s page -- plot_x`` builds a site of that example alone into
+    docs/_build/page-plot_x/html (docs/one_page.py): the example runs on every build, whatever
+    changed, with its checks (ledger, strict scan of the rendered numbers, recorded tables); links
+    to pages not built render as text. Name a second example if the first cites its claims. Only
+    ``nox -s docs`` builds and checks the whole site: run it before you stop."""
+    only = _one_page(session)
+    _install_unless_unchanged(session, "docs")
+    out = Path("docs/_build") / f"page-{only[0]}"
+    started = time.monotonic()
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "-d", str(out / "doctrees"),
+                "docs", str(out / "html"), env={**ENV, "GUIDE_ONLY": ",".join(only)})
+    session.log(f"one-page site built in {time.monotonic() - started:.1f} s: open "
+                f"file://{(out / 'html' / 'auto_examples' / only[0]).resolve()}.html")
 
 
 @nox.session

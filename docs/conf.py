@@ -17,7 +17,17 @@ import sys
 import guide
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))  # gallery_order (the story order of the examples)
+sys.path.insert(0, str(HERE))  # gallery_order (the story order of the examples), one_page
+
+# The one-page site (nox -s page -- plot_x, GUIDE_ONLY=plot_x; docs/one_page.py): only that example,
+# run on every build, with its own checks; a bad name fails here, naming the choices. Without
+# GUIDE_ONLY this is the whole site, as strict as ever.
+import one_page  # noqa: E402  (sys.path above)
+
+try:
+    ONLY = one_page.from_environment(HERE.parent / "examples")
+except ValueError as err:
+    raise RuntimeError(str(err)) from None
 
 project = "DDP vs FSDP2, measured"
 author = "The guide authors"
@@ -109,9 +119,10 @@ _INVENTORIES = {
     "torch": "https://docs.pytorch.org/docs/stable",
 }
 # Link torch and Python names to their docs when the inventories can be fetched; offline, build
-# without those links rather than fail on an unreachable inventory.
+# without those links rather than fail on an unreachable inventory. The one-page site fetches none
+# (the loop stays fast and offline; links are not among its checks).
 intersphinx_mapping = {name: (url, None) for name, url in _INVENTORIES.items()
-                       if _reachable(f"{url}/objects.inv")}
+                       if not ONLY and _reachable(f"{url}/objects.inv")}
 # A local copy of an inventory (e.g. GUIDE_INVENTORY_TORCH=/path/objects.inv) links offline too.
 for _name, _url in _INVENTORIES.items():
     if os.environ.get(f"GUIDE_INVENTORY_{_name.upper()}"):
@@ -172,19 +183,12 @@ def _invalidate_on_guide_change() -> None:
     stamp.write_text(digest.hexdigest())
 
 
-def _rerun_one_page(page: str) -> None:
-    """The one-page loop (``nox -s page -- plot_x``, ``GUIDE_PAGE=plot_x``): re-run that example
-    only, whatever changed in ``guide``; every other page keeps the output of the last build (the
-    site's checks still read them all). Not a test of the site: ``nox -s docs`` is."""
-    source = HERE.parent / "examples" / f"{page}.py"
-    if not source.exists():
-        names = sorted(p.stem for p in (HERE.parent / "examples").glob("plot_*.py"))
-        raise RuntimeError(f"GUIDE_PAGE={page!r}: no examples/{page}.py; one of {names}.")
-    (HERE / "auto_examples" / f"{page}.py.md5").unlink(missing_ok=True)
-
-
-if os.environ.get("GUIDE_PAGE"):
-    _rerun_one_page(os.environ["GUIDE_PAGE"].strip().removesuffix(".py"))
+if ONLY:
+    sphinx_gallery_conf = one_page.gallery_conf(sphinx_gallery_conf, ONLY)
+    include_patterns = one_page.include_patterns(ONLY)
+    root_doc = one_page.root_doc(ONLY)
+    ledger_claim_hint = one_page.claim_hint(ONLY)
+    one_page.always_rerun(ONLY, HERE)
 else:
     _invalidate_on_guide_change()
 
@@ -227,6 +231,8 @@ def _drop_empty_code_blocks(app, docname: str, source: list[str]) -> None:
 
 
 def setup(app):
+    if ONLY:
+        one_page.setup(app, ONLY, HERE.parent / "examples")
     app.connect("source-read", _drop_empty_code_blocks)
     # After sphinx-gallery's generate_gallery_rst (builder-inited, priority 500) wrote the index.
     app.connect("builder-inited", _section_the_gallery, priority=600)

@@ -9,7 +9,8 @@
   a gallery text cell) or ``{claim}`name``` (MyST) renders the value exactly as the page showed it;
   ``:claim:`name <unit>``` appends the claim's unit. It is resolved after every page ran (at
   ``doctree-resolved``, so notebook pages executed at read time have recorded), from the claims
-  of the same page first, then of any page; an unknown name fails the build naming page and name.
+  of the same page first, then of any page; an unknown name fails the build naming page and name
+  (and ``ledger_claim_hint``, if set: the one-page site says how to build the recording page too).
   The rendered number carries the claim's guard as its tooltip.
 * When the build finishes it writes the whole ledger as ``ledger.csv`` and ``ledger.json`` into
   the HTML output (the ledger page links them), and scans every rendered page for numbers its
@@ -103,7 +104,7 @@ def _resolve_claims(app, doctree, docname) -> None:
             raise ExtensionError(
                 f"page {docname!r}: claim {name!r} (claim role) is not in the ledger: no page "
                 "recorded it in this build. Record it (ledger.claim / ledger.record) on a page "
-                "that runs, or fix the name.")
+                "that runs, or fix the name." + app.config.ledger_claim_hint)
         r = found[0]
         written = ref.get("unit_as_written")
         if written is not None and written != r.unit:
@@ -165,6 +166,8 @@ def setup(app):
     app.add_config_value("ledger_dir", "", "env")
     app.add_config_value("ledger_page", "pages/ledger", "env")
     app.add_config_value("ledger_scan", "report", "")
+    # Appended to the error for a claim no page recorded (the one-page site says how to add one).
+    app.add_config_value("ledger_claim_hint", "", "")
     app.add_node(claim_ref)
     app.add_role("claim", _claim_role)
     app.connect("doctree-resolved", _resolve_claims)

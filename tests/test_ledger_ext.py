@@ -133,6 +133,7 @@ def test_setup_registers_the_config_values_and_the_hooks(ledger_ext) -> None:
     assert calls == [("config", "ledger_dir", "", "env"),
                      ("config", "ledger_page", "pages/ledger", "env"),
                      ("config", "ledger_scan", "report", ""),
+                     ("config", "ledger_claim_hint", "", ""),
                      ("node", ledger_ext.claim_ref),
                      ("role", "claim", ledger_ext._claim_role),
                      ("connect", "doctree-resolved", ledger_ext._resolve_claims),
@@ -180,10 +181,11 @@ def test_the_claim_role_reads_a_name_and_an_optional_unit(ledger_ext) -> None:
     assert msg[1] == ("claim role 'two names': write :claim:`name` or :claim:`name <unit>`.")
 
 
-def _cite(ledger_ext, tmp_path, monkeypatch, docname: str, *refs):
+def _cite(ledger_ext, tmp_path, monkeypatch, docname: str, *refs, hint: str = ""):
     monkeypatch.setenv(claims.LEDGER_ENV, str(tmp_path))
     doc = _doc(*refs)
-    ledger_ext._resolve_claims(None, doc, docname)
+    app = SimpleNamespace(config=SimpleNamespace(ledger_claim_hint=hint))
+    ledger_ext._resolve_claims(app, doc, docname)
     found = list(doc.findall(lambda n: n.tagname == "abbreviation"))
     assert all(a.rawsource == a.astext() for a in found)
     assert not list(doc.findall(ledger_ext.claim_ref))  # every role resolved
@@ -227,6 +229,10 @@ def test_the_claim_role_refuses_an_unknown_name_and_another_unit(ledger_ext, tmp
     assert str(err.value) == (
         "page 'pages/x': claim 'm.nope' (claim role) is not in the ledger: no page recorded it in "
         "this build. Record it (ledger.claim / ledger.record) on a page that runs, or fix the name.")
+    with pytest.raises(ExtensionError) as err:  # the one-page site adds how to build the other
+        _cite(ledger_ext, tmp_path, monkeypatch, "pages/x", _ref(ledger_ext, "m.nope"),
+              hint=" Build the page that records it too.")
+    assert str(err.value).endswith("or fix the name. Build the page that records it too.")
     with pytest.raises(ExtensionError) as err:
         _cite(ledger_ext, tmp_path, monkeypatch, "pages/x", _ref(ledger_ext, "m.peak", "MiB"))
     assert str(err.value) == ("page 'pages/x': claim 'm.peak' is in 'GiB', the claim role says "
