@@ -249,9 +249,14 @@ def predicted_fullest(strategy: Strategy, n: int) -> memory.StateBytes:
                                       ddp_buckets=True)[fullest[strategy, n]]
 
 
-def vs_ddp(strategy: Strategy, n: int, what: str) -> checks.Checked:
-    """The fullest rank's ``what`` ("model_state" or "total") over DDP's, checked."""
-    got = getattr(held[strategy, n], what) / getattr(held[Strategy.DDP, n], what)
+def vs_ddp(strategy: Strategy, n: int, what: str) -> checks.Checked | str:
+    """The fullest rank's ``what`` ("model_state" or "total") over DDP's, checked; DDP's own row
+    is the reference (a ratio of DDP by itself is refused: it is 1 by construction)."""
+    if strategy is Strategy.DDP:
+        return "reference"
+    got = checks.ratio(f"{what} ratio", getattr(held[strategy, n], what),
+                       getattr(held[Strategy.DDP, n], what), of=f"{strategy.label} at N={n}",
+                       over=f"{Strategy.DDP.label} at N={n}")
     want = [getattr(predicted_fullest(k, n), what) for k in (strategy, Strategy.DDP)]
     return checks.expect_close(  # each side is checked above: their ratio too
         "model-state bytes", f"{strategy} vs DDP at N={n}, fullest rank", got,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["CheckFailed", "Checked", "Derived", "Tautology", "derived", "refuse_derived",
+__all__ = ["CheckFailed", "Checked", "Derived", "Tautology", "derived", "ratio", "refuse_derived",
            "refuse_self_comparison"]
 
 
@@ -71,6 +71,23 @@ def refuse_self_comparison(check: str, run: str, against: str, same_object: bool
         raise Tautology(f"[{check}] {run}: compared with itself ({how}): such a check proves "
                         "nothing. Compare with an independent run (e.g. one process on the full "
                         "batch), or show the value without a check.")
+
+
+def ratio(check: str, numerator: float, denominator: float, *, of: str, over: str) -> float:
+    """``numerator / denominator``: the quantity of run ``of`` over the same quantity of run ``over``,
+    refused (:class:`Tautology`) when both are one run: the same name (DDP's bytes over DDP's
+    bytes) or the same object. Such a ratio is 1 by construction and a check of it against a
+    predicted 1 proves nothing; show that row as the reference instead. A zero denominator is a
+    :class:`CheckFailed` naming both runs."""
+    if not (isinstance(of, str) and of.strip() and isinstance(over, str) and over.strip()):
+        raise ValueError(f"[{check}] ratio: name both runs (of=..., over=...).")
+    same_name = " ".join(of.split()).lower() == " ".join(over.split()).lower()
+    if same_name or (numerator is denominator and not isinstance(numerator, int)):
+        raise Tautology(f"[{check}] {of} over {over}: a ratio of a quantity by itself is 1 by "
+                        "construction; show that row as the reference, not as a checked ratio.")
+    if denominator == 0:
+        raise CheckFailed(f"[{check}] {of} over {over}: the denominator is 0.")
+    return numerator / denominator
 
 
 _RELATIONS = ("≤", "≥", "≈", "<", "<=", ">", ">=")

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from guide.checked import (CheckFailed, Checked, Tautology, refuse_derived,
+from guide.checked import (CheckFailed, Checked, Tautology, ratio, refuse_derived,
                            refuse_self_comparison)
 from guide.comm.checks import ELEMENT_TOL, WIRE_TOL, check_volume, check_wire
 from guide.layout import ParamLayout, chunk_rows
@@ -37,7 +37,7 @@ from guide.validate import positive_int
 __all__ = ["CheckFailed", "Checked", "LEARN_MIN_DROP", "LOSS_TOL", "PARAM_TOL", "SINGLE_PROCESS",
            "Tautology",
            "assert_learns", "assert_losses_match", "assert_params_match", "assert_ranks_agree",
-           "assert_replicated", "assert_same_init", "assert_sharded", "expect", "expect_close",
+           "assert_replicated", "assert_same_init", "assert_sharded", "expect", "expect_close", "ratio",
            "expect_order", "max_abs_diff", "assert_hsdp_sharded", "assert_replicas_identical",
            "ELEMENT_TOL", "WIRE_TOL", "check_volume", "check_wire"]
 

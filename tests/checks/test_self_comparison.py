@@ -60,6 +60,23 @@ def test_a_failure_names_the_reference_it_used() -> None:
 def test_a_ratio_of_a_quantity_by_itself_is_refused() -> None:
     with pytest.raises(Tautology):
         checks.expect_close("share", "DDP", 5.0, derived(5.0), 0.01)
+    # The memory page's DDP rows: DDP's bytes over DDP's bytes, by name or by object, with no
+    # flag from the page.
+    with pytest.raises(Tautology, match="ratio of a quantity by itself"):
+        checks.ratio("held ratio", 1000, 1000, of="DDP at N=4", over=" ddp  at N=4")
+    held = 1234.5
+    with pytest.raises(Tautology):
+        checks.ratio("held ratio", held, held, of="FSDP2 at N=4", over="DDP at N=4")
+
+
+def test_a_ratio_of_two_runs_is_their_quotient_and_names_both() -> None:
+    assert checks.ratio("held ratio", 250, 1000, of="FSDP2 at N=4", over="DDP at N=4") == 0.25
+    # Two equal values of two runs are a ratio of 1, not a tautology (small ints are one object).
+    assert checks.ratio("held ratio", 7, 7, of="FSDP2 at N=1", over="DDP at N=1") == 1.0
+    with pytest.raises(checks.CheckFailed, match="FSDP2 at N=4 over DDP at N=4: the denominator"):
+        checks.ratio("held ratio", 1.0, 0, of="FSDP2 at N=4", over="DDP at N=4")
+    with pytest.raises(ValueError, match="name both runs"):
+        checks.ratio("held ratio", 1.0, 2.0, of="FSDP2", over=" ")
 
 
 def test_a_loop_compared_with_the_function_it_loops_over_is_refused() -> None:
