@@ -233,8 +233,8 @@ show(table([(memory.PRECISIONS[p].label, o, b) for (p, o), b in per_param.items(
 # Measured per rank, fp32 AdamW
 # -----------------------------
 # For each (strategy, N) the table shows the rank that holds the most, found in the measurements
-# (not assumed): FSDP2's ceil-sized chunks favour the first ranks, ZeRO-1's greedy split of whole
-# parameters puts the largest tensor wherever it lands. Two ratios to DDP, because there are two
+# (not assumed): FSDP2's ceil-sized chunks favour the first ranks; ZeRO-1 splits whole parameters,
+# largest first onto the least-filled rank, so the tensors that come last decide the fullest. Two ratios to DDP, because there are two
 # honest answers: *model state* (parameters, gradients, optimizer: ZeRO's accounting) and *held*
 # (plus DDP's buckets, what the rank really keeps between steps with DDP's defaults).
 fullest = {key: max(range(len(ranks)), key=lambda r, ranks=ranks:
@@ -283,8 +283,8 @@ with PAGE.scope(precision="fp32", optimizer="adamw", ddp_buckets=True, **MODEL):
 
 # %%
 # ZeRO-1's optimizer state per rank at the widest N, measured, against the shares the prediction
-# gives from the shapes. It splits whole parameters, so the largest tensor sets the floor, and the
-# fullest rank is whichever receives it.
+# gives from the shapes. It splits whole parameters, largest first, each onto the least-filled rank:
+# the largest tensor sets a floor, and which rank ends fullest is decided by the tensors that follow.
 zero_n = [r["fp32", "adamw"]["held"].optimizer for r in measured[Strategy.ZERO1, N]]
 zero_want = [p.optimizer for p in memory.state_bytes_by_rank(
     SHAPES, Strategy.ZERO1, N, "fp32", "adamw", ddp_buckets=True)]

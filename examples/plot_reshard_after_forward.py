@@ -22,13 +22,14 @@ After a ``fully_shard`` unit's forward, FSDP2 can free the parameters it all-gat
 again for backward) or keep them until backward. ``fully_shard(module, reshard_after_forward=...)``
 picks:
 
-* ``True``: free after forward, all-gather again in backward (ZeRO-3, FSDP1's ``FULL_SHARD``);
+* ``True``: free after forward, all-gather again in backward (ZeRO-3), the root included;
 * ``False``: keep the unsharded parameters until backward, no backward all-gather (ZeRO-2,
   ``SHARD_GRAD_OP``);
 * an integer ``k``: after forward, keep them sharded over ``k`` ranks instead of all ``N``, so
   backward all-gathers over a group of ``k`` (for example the GPUs of one node);
 * ``None`` (the default): ``True`` for every unit except the root, which gets ``False``, since the
-  root's parameters are needed again as soon as backward starts.
+  root's parameters are needed again as soon as backward starts. This is FSDP1's ``FULL_SHARD``,
+  which keeps its root unsharded after forward too (the migration page maps it).
 
 This page trains one model four ways on 4 gloo ranks, counts the all-gathers of a step by phase,
 measures each rank's memory and step time, and **fails the docs build** unless the counts are what the
