@@ -42,8 +42,8 @@ PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1440, "height": 900}
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "_build" / "screenshots"
 #: Fields of each row compared, besides the configuration-wide ones.
-ROW_FIELDS = ("label", "shard_group", "params", "unsharded", "grads", "optimizer", "buckets", "activations",
-              "autocast", "buffers", "total", "fits", "headroom")
+ROW_FIELDS = ("label", "shard_group", "params", "unsharded", "grads", "optimizer", "buckets",
+              "activations", "autocast", "buffers", "total", "fits", "headroom")
 
 #: A page that holds one calculator and, for the theme test, pydata-sphinx-theme's variables.
 HARNESS = """<!doctype html><html lang="en" data-theme="{theme}"><head><meta charset="utf-8">
@@ -408,6 +408,8 @@ def test_browser_widget_fits_a_phone_in_both_themes_and_the_compact_form(tmp_pat
     ("?precision=fp64", 'unknown precision "fp64"; choose one of fp32, bf16_mixed, bf16, '
                         "zero_mixed."),
     ("?world_size=100000000", "Number of GPUs must be at most 16,384, got 100000000."),
+    ("?attention=flash", 'unknown attention "flash"; choose one of fused, unfused.'),
+    ("?bucket_view=yes", 'unknown gradient_as_bucket_view "yes"; choose one of false, true.'),
 ])
 def test_browser_a_bad_shared_link_is_named_not_replaced(tmp_path, query, message):
     """A link with an unknown model gets no other model's numbers: the message names the value

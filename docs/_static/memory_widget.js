@@ -953,10 +953,10 @@
       case "gpu": return [...Object.keys(DATA.gpus).map((k) => [k, k]), ["custom", "other…"]];
       case "strategy": return [["all", "all five"], ...[...DATA.strategies,
         ...DATA.analytic_strategies].map((k) => [k, DATA.labels[k]])];
-      case "attention": return [["fused", "fused (SDPA, flash): no s × s scores"],
-        ["unfused", "unfused: keeps the s × s probabilities"]];
-      case "bucket_view": return [["false", "False (default): separate gradient buckets"],
-        ["true", "True: gradients are bucket views"]];
+      case "attention": return [["fused", "fused (SDPA, flash)"],
+        ["unfused", "unfused: keeps s × s scores"]];
+      case "bucket_view": return [["false", "False (default): buckets"],
+        ["true", "True: no buckets"]];
     }
     return [];
   }
