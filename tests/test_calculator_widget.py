@@ -42,8 +42,8 @@ PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1440, "height": 900}
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "_build" / "screenshots"
 #: Fields of each row compared, besides the configuration-wide ones.
-ROW_FIELDS = ("shard_group", "params", "unsharded", "grads", "optimizer", "buckets", "activations",
-              "autocast", "buffers", "total", "fits", "headroom")
+ROW_FIELDS = ("label", "shard_group", "params", "unsharded", "grads", "optimizer", "buckets",
+              "activations", "autocast", "buffers", "total", "fits", "headroom")
 
 #: A page that holds one calculator and, for the theme test, pydata-sphinx-theme's variables.
 HARNESS = """<!doctype html><html lang="en" data-theme="{theme}"><head><meta charset="utf-8">
@@ -60,19 +60,26 @@ background:var(--pst-color-background,#fff)}}</style></head>
 
 def configurations(count: int = CHECKED_CONFIGS, seed: int = 2026) -> list[dict]:
     """Every preset x precision x optimizer x checkpointing, then random shapes, up to ``count``;
-    the first two take N = 1 and N = 4,096."""
-    rng = random.Random(seed)
+    the first two take N = 1 and N = 4,096. Each also draws guide-memory's three switches
+    (``--unfused-attention``, ``--bucket-view``, the analytic ``zero2`` strategy) from a second
+    generator, so the draws above are the ones they always were."""
+    rng, switches = random.Random(seed), random.Random(seed + 1)
     gpus = list(GPU_BYTES)
 
     def common(cfg: dict, max_seq: int | None) -> dict:
         top = min(max_seq or 32768, 32768)
         n = rng.choice([rng.randint(1, 4096), 2 ** rng.randint(0, 12), 8 * rng.randint(1, 512)])
         gpu = rng.choice([*gpus, None])
-        return {**cfg, "seq_len": rng.randint(1, top), "micro_batch": rng.randint(1, 8),
-                "world_sizes": [n], "shard_group": rng.choice([1, 2, 4, 6, 8, 8, 16]),
-                "strategies": ["ddp", "zero1", "fsdp2_no_reshard", "fsdp2", "hsdp"],
-                **({"gpu": gpu} if gpu else
-                   {"gib": str(round(rng.uniform(4, 200), rng.randint(0, 3)))})}
+        out = {**cfg, "seq_len": rng.randint(1, top), "micro_batch": rng.randint(1, 8),
+               "world_sizes": [n], "shard_group": rng.choice([1, 2, 4, 6, 8, 8, 16]),
+               "strategies": ["ddp", "zero1", "fsdp2_no_reshard", "fsdp2", "hsdp"],
+               **({"gpu": gpu} if gpu else
+                  {"gib": str(round(rng.uniform(4, 200), rng.randint(0, 3)))})}
+        out["unfused_attention"] = switches.random() < 0.5
+        out["bucket_view"] = switches.random() < 0.5
+        if switches.random() < 0.5:
+            out["strategies"] = [*out["strategies"], "zero2"]
+        return out
 
     out = []
     for preset, arch in PRESETS.items():
@@ -106,6 +113,18 @@ def configurations(count: int = CHECKED_CONFIGS, seed: int = 2026) -> list[dict]
     return out[:count]
 
 
+def assert_switches_drawn(cfgs: list[dict]) -> None:
+    """The configurations take guide-memory's three switches both ways: attention fused and
+    unfused (on shapes, where activations are priced), DDP's buckets kept and dropped, the
+    paper's ZeRO-2 asked for and not."""
+    shaped = [c for c in cfgs if "params" not in c]
+    assert {c["unfused_attention"] for c in shaped} == {False, True}
+    assert {c["bucket_view"] for c in cfgs} == {False, True}
+    assert {"zero2" in c["strategies"] for c in cfgs} == {False, True}
+    counted = [c for c in cfgs if "params" in c]  # from configuration #288 on
+    assert not counted or any("zero2" in c["strategies"] for c in counted)
+
+
 def python_report(cfg: dict) -> dict:
     """``guide-memory --json`` for ``cfg``: the command's own output, parsed."""
     argv = (["--preset", cfg["preset"]] if "preset" in cfg else
@@ -120,6 +139,8 @@ def python_report(cfg: dict) -> dict:
                ["--seq-len", str(cfg["seq_len"]), "--micro-batch", str(cfg["micro_batch"]),
                 "--activation-checkpointing", cfg["checkpointing"]]),
              "--shard-group", str(cfg["shard_group"]),
+             *(["--unfused-attention"] if cfg.get("unfused_attention") else []),
+             *(["--bucket-view"] if cfg.get("bucket_view") else []),
              *(["--gpu", cfg["gpu"]] if "gpu" in cfg else ["--gpu-memory", cfg["gib"]]), "--json"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -174,6 +195,8 @@ def compare(cfgs: list[dict], js: list[dict], py: list[dict]) -> tuple[str | Non
         same(i, "parameters", j["parameters"], p["parameters"])
         same(i, "capacity", j["capacity"], p["capacity"])
         same(i, "activations", j["activations"], p["rows"][0]["activations"])
+        same(i, "ddp_buckets", j["ddp_buckets"], p["ddp_buckets"])
+        same(i, "attention", j["attention"], p["activations"] and p["activations"]["attention"])
         for key, n in p["smallest_world_size"].items():
             same(i, f"smallest N for {key}", j["smallest_world_size"].get(key), n)
         same(i, "rows", len(j["rows"]), len(p["rows"]))
@@ -228,6 +251,7 @@ def test_browser_widget_equals_the_python_model_to_the_byte(tmp_path):
     assert set(PRESETS) <= presets and {c["precision"] for c in cfgs} == set(PRECISIONS)
     assert {c["optimizer"] for c in cfgs} == set(OPTIMIZERS)
     assert {c["checkpointing"] for c in cfgs} == set(CHECKPOINTING)
+    assert_switches_drawn(cfgs)
     assert {1, 4096} <= {c["world_sizes"][0] for c in cfgs}
     assert any(c["world_sizes"][0] % c["shard_group"] and c["world_sizes"][0] > c["shard_group"]
                for c in cfgs)  # HSDP's "no such mesh" is compared too
@@ -384,6 +408,8 @@ def test_browser_widget_fits_a_phone_in_both_themes_and_the_compact_form(tmp_pat
     ("?precision=fp64", 'unknown precision "fp64"; choose one of fp32, bf16_mixed, bf16, '
                         "zero_mixed."),
     ("?world_size=100000000", "Number of GPUs must be at most 16,384, got 100000000."),
+    ("?attention=flash", 'unknown attention "flash"; choose one of fused, unfused.'),
+    ("?bucket_view=yes", 'unknown gradient_as_bucket_view "yes"; choose one of false, true.'),
 ])
 def test_browser_a_bad_shared_link_is_named_not_replaced(tmp_path, query, message):
     """A link with an unknown model gets no other model's numbers: the message names the value

@@ -14,6 +14,9 @@
 
   // DATA-BEGIN (written by `python -m guide.memory.widget`; do not edit by hand)
   const DATA = {
+   "analytic_strategies": [
+    "zero2"
+   ],
    "bounds": {
     "heads": {
      "example": "32",
@@ -100,7 +103,6 @@
     "full",
     "selective"
    ],
-   "ddp_buckets": true,
    "default_shard_group": 8,
    "gib_max": 1048576,
    "gpus": {
@@ -117,7 +119,8 @@
     "fsdp2": "FSDP2",
     "fsdp2_no_reshard": "FSDP2, reshard_after_forward=False",
     "hsdp": "HSDP",
-    "zero1": "DDP + ZeroRedundancyOptimizer"
+    "zero1": "DDP + ZeroRedundancyOptimizer",
+    "zero2": "ZeRO-2 (the paper's, analytic)"
    },
    "optimizers": {
     "adamw": {
@@ -316,9 +319,10 @@
     "fsdp2": "FSDP2",
     "fsdp2_no_reshard": "ZeRO-2",
     "hsdp": "HSDP",
-    "zero1": "ZeRO-1"
+    "zero1": "ZeRO-1",
+    "zero2": "ZeRO-2 (paper)"
    },
-   "source_hash": "f6b4c75fc7ad",
+   "source_hash": "c778a4681975",
    "strategies": [
     "ddp",
     "zero1",
@@ -467,11 +471,13 @@
   /** One normalization's saved bytes with its output (activations._norm_bytes), fused norm. */
   M.normBytes = (a, t, e) => t * (2n * e * B(a.hidden) + FP32 * (a.layernorm ? 2n : 1n));
 
-  /** One block's saved bytes, operation by operation (activations.block_bytes: fused norm and
-   * fused attention). */
-  M.blockBytes = function (a, s, b, e) {
+  /** One block's saved bytes, operation by operation (activations.block_bytes: fused norm;
+   * fused attention keeps an fp32 log-sum-exp per query and head, unfused attention its s x s
+   * probabilities in `e` bytes and the causal mask, one byte per element). */
+  M.blockBytes = function (a, s, b, e, fusedAttention = true) {
     const t = B(s) * B(b), h = B(a.hidden), m = B(a.mlp);
-    const attention = t * e * (2n * h + 2n * kvWidth(a)) + t * B(a.heads) * FP32;
+    const attention = t * e * (2n * h + 2n * kvWidth(a)) + (fusedAttention
+      ? t * B(a.heads) * FP32 : B(a.heads) * B(s) * B(s) * B(b) * e + B(s) * B(s));
     return 2n * M.normBytes(a, t, e) + attention + t * e * m * (a.gated_mlp ? 4n : 2n);
   };
 
@@ -486,11 +492,11 @@
   /** The fp32 logits and their fp32 gradient (activations.logits_bytes). */
   M.logitsBytes = (a, s, b) => 2n * FP32 * B(a.vocab) * B(s) * B(b);
 
-  /** Activation bytes per GPU (guide.memory.activation_bytes: fused norm and attention;
-   * `e` bytes per element, the precision's compute dtype). */
-  M.activationBytes = function (arch, s, b, checkpointing, e) {
+  /** Activation bytes per GPU (guide.memory.activation_bytes: fused norm; attention fused
+   * unless `fusedAttention` is false; `e` bytes per element, the precision's compute dtype). */
+  M.activationBytes = function (arch, s, b, checkpointing, e, fusedAttention = true) {
     e = B(e);
-    const layer = M.blockBytes(arch, s, b, e);
+    const layer = M.blockBytes(arch, s, b, e, fusedAttention);
     const blocks = checkpointing === "none" ? B(arch.layers) * layer
       : checkpointing === "full" ? B(arch.layers) * B(s) * B(b) * B(arch.hidden) * e + layer
         : B(arch.layers) * M.selectiveLayerBytes(arch, s, b, e) + layer;
@@ -534,16 +540,18 @@
   };
 
   /** The fullest GPU's bytes of one layout on n GPUs (guide.memory.fit.per_gpu); `shapes` is a
-   * list of shapes, or a BigInt parameter count. */
-  M.perGpu = function (shapes, strategy, n, precision, optimizer, activations, shardGroup, arch) {
+   * list of shapes, or a BigInt parameter count; `ddpBuckets`: false models DDP's
+   * gradient_as_bucket_view=True (no separate gradient buckets). */
+  M.perGpu = function (shapes, strategy, n, precision, optimizer, activations, shardGroup, arch,
+    ddpBuckets = true) {
     const group = strategy === "hsdp" ? M.hsdpShardSize(n, shardGroup)
       : strategy === "ddp" || strategy === "zero1" ? 1 : n;
     if (group === null) return null;
     const priced = strategy === "hsdp" ? "fsdp2" : strategy;
     const width = strategy === "hsdp" ? group : n, count = typeof shapes === "bigint";
     const sb = count
-      ? M.stateBytesForCount(shapes, priced, width, precision, optimizer, DATA.ddp_buckets)
-      : M.perRankStateBytes(shapes, priced, width, precision, optimizer, DATA.ddp_buckets);
+      ? M.stateBytesForCount(shapes, priced, width, precision, optimizer, ddpBuckets)
+      : M.perRankStateBytes(shapes, priced, width, precision, optimizer, ddpBuckets);
     const unsharded = strategy !== "fsdp2_no_reshard" ? 0n
       : count ? shapes * B(DATA.precisions[precision].compute)
         : M.unshardedParamBytes(shapes, n, precision);
@@ -558,11 +566,11 @@
 
   /** The smallest N of DATA.world_sizes that fits in `capacity` bytes, or null. */
   M.smallestWorldSize = function (shapes, strategy, capacity, precision, optimizer, activations,
-    shardGroup, arch) {
+    shardGroup, arch, ddpBuckets = true) {
     for (const n of DATA.world_sizes) {
       if (strategy === "hsdp" && n > shardGroup && n % shardGroup) continue;
       const split = M.perGpu(shapes, strategy, n, precision, optimizer, activations, shardGroup,
-        arch);
+        arch, ddpBuckets);
       if (split.total <= capacity) return n;
     }
     return null;
@@ -581,20 +589,23 @@
       max_seq_len: cfg.max_seq_len || null };
   };
 
-  /** Everything the calculator shows for one configuration (guide.memory.fit.fit_report). */
+  /** Everything the calculator shows for one configuration (guide.memory.fit.fit_report, with
+   * guide-memory's --unfused-attention and --bucket-view as cfg.unfused_attention and
+   * cfg.bucket_view). */
   M.fitReport = function (cfg) {
     const counted = cfg.params !== undefined;  // a parameter count alone: no activations
     const arch = counted ? null : M.architecture(cfg);
     const shapes = counted ? B(cfg.params) : M.paramShapes(arch);
+    const ddpBuckets = !cfg.bucket_view;
     const activations = counted ? 0n
       : M.activationBytes(arch, cfg.seq_len, cfg.micro_batch, cfg.checkpointing,
-        DATA.precisions[cfg.precision].compute);
+        DATA.precisions[cfg.precision].compute, !cfg.unfused_attention);
     const capacity = M.capacityBytes(cfg);
     const rows = [], smallest = {};
     for (const key of cfg.strategies) {
       for (const n of cfg.world_sizes) {
         const split = M.perGpu(shapes, key, n, cfg.precision, cfg.optimizer, activations,
-          cfg.shard_group, arch);
+          cfg.shard_group, arch, ddpBuckets);
         const row = { strategy: key, label: DATA.labels[key], N: n };
         if (split === null) {
           Object.assign(row, { shard_group: null, fits: null, headroom: null });
@@ -606,10 +617,11 @@
         rows.push(row);
       }
       smallest[key] = M.smallestWorldSize(shapes, key, capacity, cfg.precision, cfg.optimizer,
-        activations, cfg.shard_group, arch);
+        activations, cfg.shard_group, arch, ddpBuckets);
     }
     const report = { parameters: counted ? shapes : shapes.reduce((a, s) => a + M.numel(s), 0n),
-      activations, capacity,
+      activations, capacity, ddp_buckets: ddpBuckets,
+      attention: counted ? null : cfg.unfused_attention ? "unfused" : "fused",
       shard_group: cfg.shard_group, rows, smallest_world_size: smallest };
     if (cfg.lora_rank && !counted) {  // guide-memory --lora-rank R: rank 0's bytes per N
       report.lora = { rank: cfg.lora_rank, base_precision: cfg.base_precision,
@@ -718,6 +730,11 @@
       "reduce a dimension." : null;
   };
 
+  /** guide-memory --unfused-attention: the attention kinds (the report's "attention"). */
+  const ATTENTION = ["fused", "unfused"];
+  /** guide-memory --bucket-view: DDP's gradient_as_bucket_view, as a link spells it. */
+  const BUCKET_VIEW = ["false", "true"];
+
   /** How the widget names each choice in a message, and the choices it accepts. */
   const CHOICES = {  // in guide-memory's order (DATA.order), so both sides list them alike
     preset: ["model", () => [...DATA.order.presets, "custom", "count"]],
@@ -725,8 +742,10 @@
     base_precision: ["base precision", () => DATA.order.precisions],
     optimizer: ["optimizer", () => DATA.order.optimizers],
     checkpointing: ["activation checkpointing", () => DATA.checkpointing],
-    strategy: ["strategy", () => ["all", ...DATA.strategies]],
+    strategy: ["strategy", () => ["all", ...DATA.strategies, ...DATA.analytic_strategies]],
     gpu: ["GPU", () => [...DATA.order.gpus, "custom"]],
+    attention: ["attention", () => ATTENTION],
+    bucket_view: ["gradient_as_bucket_view", () => BUCKET_VIEW],
   };
 
   /** One message per choice in `raw` that is not one of its options (a shared link's typo). */
@@ -738,7 +757,7 @@
   M.parse = function (raw) {
     const errors = M.choiceErrors(raw), cfg = { precision: raw.precision,
       optimizer: raw.optimizer, checkpointing: raw.checkpointing, strategies: raw.strategy === "all"
-        ? DATA.strategies.slice() : [raw.strategy] };
+        ? DATA.strategies.slice() : [raw.strategy], bucket_view: raw.bucket_view === "true" };
     const int = (key) => {
       const r = M.parseInt(key, raw[key]);
       if (r.error) errors.push(r.error); else cfg[key] = r.value;
@@ -759,6 +778,7 @@
     }
     if (raw.preset !== "count") {
       int("seq_len"); int("micro_batch");
+      cfg.unfused_attention = raw.attention === "unfused";
     }
     int("world_size"); int("shard_group");
     if (cfg.world_size) cfg.world_sizes = [cfg.world_size];
@@ -827,7 +847,8 @@
       DATA.optimizers[cfg.optimizer].label;
     if (cfg.params === undefined) {
       line += `; activations of ${grouped(cfg.micro_batch)} x ${grouped(cfg.seq_len)} tokens, ` +
-        `fused attention, ${cfg.checkpointing} checkpointing (estimate)`;
+        `${cfg.unfused_attention ? "unfused" : "fused"} attention, ${cfg.checkpointing} ` +
+        "checkpointing (estimate)";
     }
     return line;
   };
@@ -899,11 +920,13 @@
     ["seq_len", "Sequence length (tokens)", "int", true],
     ["micro_batch", "Micro-batch (sequences per GPU)", "int", false],
     ["checkpointing", "Activation checkpointing", "select", false],
+    ["attention", "Attention", "select", false],
     ["gpu", "GPU", "select", true],
     ["gib", "GPU memory (GiB)", "num", true],
     ["world_size", "Number of GPUs (N)", "int", true],
     ["strategy", "Strategy", "select", false],
     ["shard_group", "HSDP shard group (GPUs)", "int", false],
+    ["bucket_view", "DDP gradient_as_bucket_view", "select", false],
     ["lora_rank", "LoRA rank (blank: train everything)", "int", false],
     ["base_precision", "LoRA: frozen base in", "select", false],
   ];
@@ -915,7 +938,7 @@
     world_size: "8", strategy: "all", shard_group: String(DATA.default_shard_group || 8),
     params: "70e9", layers: "32", hidden: "4096", heads: "32", kv_heads: "8", vocab: "128256",
     mlp: "14336", max_seq_len: "",
-    tied: "", lora_rank: "", base_precision: "bf16" };
+    tied: "", lora_rank: "", base_precision: "bf16", attention: "fused", bucket_view: "false" };
 
   function options(key) {
     switch (key) {
@@ -928,8 +951,12 @@
         ["full", "full: keep block inputs"],
         ["selective", "selective: torchtitan's op policy"]];
       case "gpu": return [...Object.keys(DATA.gpus).map((k) => [k, k]), ["custom", "other…"]];
-      case "strategy": return [["all", "all five"], ...DATA.strategies.map((k) => [k,
-        DATA.labels[k]])];
+      case "strategy": return [["all", "all five"], ...[...DATA.strategies,
+        ...DATA.analytic_strategies].map((k) => [k, DATA.labels[k]])];
+      case "attention": return [["fused", "fused (SDPA, flash)"],
+        ["unfused", "unfused: keeps s × s scores"]];
+      case "bucket_view": return [["false", "False (default): buckets"],
+        ["true", "True: no buckets"]];
     }
     return [];
   }
@@ -1028,7 +1055,8 @@
       form.querySelector("[data-arch]").hidden = !custom;
       const counted = r.preset === "count";
       form.querySelector('[data-field="params"]').hidden = !counted;
-      for (const k of ["seq_len", "micro_batch", "checkpointing", "lora_rank", "base_precision"]) {
+      for (const k of ["seq_len", "micro_batch", "checkpointing", "attention", "lora_rank",
+        "base_precision"]) {
         const f = form.querySelector(`[data-field="${k}"]`);
         if (f) f.hidden = counted;
       }
@@ -1126,7 +1154,14 @@
         `${formatBytes(l.grads)}, optimizer ${formatBytes(l.optimizer)}; activations not ` +
         "included)." }));
     }
-    if (!compact) nodes.push(...chart(rep, width));
+    if (!compact) {
+      nodes.push(el("p", { class: "mw-buckets", text: rep.ddp_buckets
+        ? "DDP buckets: held by DDP and ZeRO-1 with gradient_as_bucket_view=False (the " +
+          "default); set it to True to drop them."
+        : "DDP buckets: none, gradient_as_bucket_view=True (gradients are views into the " +
+          "buckets)." }));
+      nodes.push(...chart(rep, width));
+    }
     const share = el("a", { href: url, class: "mw-share" });
     share.textContent = compact ? "Open in the full calculator →" : "Link to this result";
     nodes.push(el("p", {}, [share]));
@@ -1137,7 +1172,9 @@
   function chart(rep, width) {
     const rows = rep.rows.filter((r) => r.total !== null);
     const max = rows.reduce((m, r) => (r.total > m ? r.total : m), rep.capacity);
-    const W = Math.max(300, Math.min(720, width || 640)), left = 64, right = 8;
+    const longest = Math.max(...rows.map((r) => DATA.short[r.strategy].length));
+    const W = Math.max(300, Math.min(720, width || 640)), right = 8;
+    const left = Math.max(64, 8 + 7 * longest);  // "ZeRO-2 (paper)" needs more than 64
     const barH = 20, gap = 8, top = 6;
     const H = top + rows.length * (barH + gap) + 18;
     const NS = "http://www.w3.org/2000/svg";

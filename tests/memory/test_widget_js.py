@@ -324,3 +324,108 @@ def test_no_form_makes_the_widget_throw():
     reports = js(*(["fitReport", c] for c in good))
     text = json.dumps([parsed, reports])
     assert '"error"' not in text and "NaN" not in text and "undefined" not in text
+
+
+# -- guide-memory's three switches: the form takes each, and each changes the bytes alike ---------
+
+FORM = {"preset": "llama-3-8b", "precision": "bf16_mixed", "optimizer": "adamw",
+        "checkpointing": "none", "strategy": "all", "seq_len": "4096", "micro_batch": "1",
+        "world_size": "8", "shard_group": "8", "gpu": "H100 (80 GB)", "attention": "fused",
+        "bucket_view": "false"}
+ARGV = ["--preset", "llama-3-8b", "--seq-len", "4096", "-N", "8", "--shard-group", "8",
+        "--gpu", "H100 (80 GB)"]
+
+
+def _form_report(raw: dict) -> dict:
+    """What the widget shows for a form's raw values: M.parse, then M.fitReport."""
+    (parsed,) = js(["parse", raw])
+    assert "cfg" in parsed, parsed
+    (rep,) = js(["fitReport", parsed["cfg"]])
+    return rep
+
+
+def _bytes(report: dict, field: str) -> dict:
+    """``field`` of every row and the smallest N of every strategy, as integers (the widget's
+    BigInts come as strings)."""
+    def num(v):
+        return v if v is None or isinstance(v, bool) else int(v)
+    return {"rows": {(r["strategy"], r["N"]): num(r[field]) for r in report["rows"]},
+            "smallest": {k: num(v) for k, v in report["smallest_world_size"].items()}}
+
+
+ALL = {"ddp", "zero1", "fsdp2_no_reshard", "fsdp2", "hsdp"}
+
+
+@pytest.mark.parametrize(("setting", "switch", "field", "changed"), [
+    ({}, {"attention": "unfused"}, "activations", ALL),
+    ({"checkpointing": "selective"}, {"attention": "unfused"}, "activations", ALL),
+    ({}, {"bucket_view": "true"}, "buckets", {"ddp", "zero1"}),
+    ({"preset": "count", "params": "70e9"}, {"bucket_view": "true"}, "buckets", {"ddp", "zero1"}),
+])
+def test_each_switch_changes_the_bytes_in_both(setting, switch, field, changed):
+    """Flip one of guide-memory's switches: the command's bytes change, on the rows they should,
+    and the widget's (from its form) change to the same bytes; a port that ignored the switch
+    would keep the first answer and fail here."""
+    flags = {"attention": "--unfused-attention", "bucket_view": "--bucket-view"}
+    argv = (["--params", setting["params"], "-N", "8", "--gpu", "H100 (80 GB)"]
+            if "params" in setting else
+            [*ARGV, "--activation-checkpointing", setting.get("checkpointing", "none")])
+    _, py_off = cli([*argv, "--strategy", "all"])
+    _, py_on = cli([*argv, *(flags[k] for k in switch), "--strategy", "all"])
+    js_off, js_on = _form_report({**FORM, **setting}), _form_report({**FORM, **setting, **switch})
+    for part in (field, "total"):
+        assert _bytes(js_off, part) == _bytes(py_off, part)
+        assert _bytes(js_on, part) == _bytes(py_on, part)
+    before, after = _bytes(py_off, field)["rows"], _bytes(py_on, field)["rows"]
+    assert {k for (k, n), v in after.items() if v != before[(k, n)]} == changed
+    assert (js_off["ddp_buckets"], js_on["ddp_buckets"]) == (py_off["ddp_buckets"],
+                                                             py_on["ddp_buckets"])
+    if "attention" in switch:
+        assert js_on["attention"] == py_on["activations"]["attention"] == "unfused"
+
+
+@pytest.mark.parametrize("model", [{}, {"preset": "count", "params": "70e9"}])
+def test_the_papers_zero2_is_a_strategy_of_the_widget(model):
+    """``--strategy zero2`` (the paper's stage 2, analytic) is a choice of the form, priced as
+    the command prices it, and not FSDP2 without resharding (which the widget also calls
+    ZeRO-2): parameters replicated, gradients and optimizer state split, nothing unsharded."""
+    argv = ["--params", "70e9", "-N", "8", "--gpu", "H100 (80 GB)"] if model else ARGV
+    raw = {**FORM, **model}
+    (paper,) = _form_report({**raw, "strategy": "zero2"})["rows"]
+    (rerun,) = _form_report({**raw, "strategy": "fsdp2_no_reshard"})["rows"]
+    _, py = cli([*argv, "--strategy", "zero2", "fsdp2_no_reshard"])
+    want = {r["strategy"]: r for r in py["rows"]}
+    for got in (paper, rerun):
+        assert {k: (v if k in ("strategy", "label", "N", "fits") else int(v))
+                for k, v in got.items()} == want[got["strategy"]]
+    assert paper["label"] == "ZeRO-2 (the paper's, analytic)"
+    assert int(paper["total"]) != int(rerun["total"])
+    assert int(paper["unsharded"]) == 0 and int(rerun["unsharded"]) > 0
+    assert js(["parse", {**raw, "strategy": "all"}])[0]["cfg"]["strategies"] == [
+        "ddp", "zero1", "fsdp2_no_reshard", "fsdp2", "hsdp"]  # "all" is --strategy all
+
+
+def test_the_switches_reach_the_assumptions_line():
+    """The line above the answer says which attention it priced, as guide-memory's does."""
+    first, _ = cli([*ARGV, "--unfused-attention", "--strategy", "fsdp2"])
+    (parsed,) = js(["parse", {**FORM, "attention": "unfused", "strategy": "fsdp2"}])
+    (rep,) = js(["fitReport", parsed["cfg"]])
+    assert js(["assumptions", parsed["cfg"], {**rep, "parameters": f"{rep['parameters']}n"}]) == [
+        first]
+    assert "unfused attention" in first
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("attention", "flash", 'unknown attention "flash"; choose one of fused, unfused.'),
+    ("attention", "", 'unknown attention ""; choose one of fused, unfused.'),
+    ("bucket_view", "1", 'unknown gradient_as_bucket_view "1"; choose one of false, true.'),
+    ("bucket_view", "True", 'unknown gradient_as_bucket_view "True"; choose one of false, true.'),
+    ("strategy", "zero3", 'unknown strategy "zero3"; choose one of all, ddp, zero1, '
+                          "fsdp2_no_reshard, fsdp2, hsdp, zero2."),
+])
+def test_a_shared_link_with_a_bad_switch_gets_no_numbers(key, value, message):
+    """A link's value for a new input is checked like the others: the message names the value
+    and the choices, and M.parse gives no configuration (so no numbers)."""
+    errors, parsed = js(["choiceErrors", {key: value}], ["parse", {**FORM, key: value}])
+    assert errors == [message]
+    assert "cfg" not in parsed and parsed["errors"] == [message]

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from guide.memory.widget import WIDGET_JS
-from test_calculator_widget import _JS_REPORTS, _reports, compare
+from test_calculator_widget import _JS_REPORTS, _reports, assert_switches_drawn, compare
 
 NODE = shutil.which("node")
 
@@ -45,6 +45,7 @@ def _node_reports(cfgs: list[dict], patch: str = "") -> list[dict]:
 @pytest.mark.timeout(1200)
 def test_widget_model_in_node_equals_the_python_model(request):
     cfgs, py = _reports(160)
+    assert_switches_drawn(cfgs)
     first, compared, largest = compare(cfgs, _node_reports(cfgs), py)
     assert first is None, first
     assert largest == 0 and compared >= 59 * len(cfgs)
@@ -55,8 +56,15 @@ def test_widget_model_in_node_equals_the_python_model(request):
     ("const f = M.fsdp2BufferBytes; M.fsdp2BufferBytes = (a, k, p) => f(a, k, p) / 2n;", "buffers"),
     ("const f = M.logitsBytes; M.logitsBytes = (a, s, b) => f(a, s, b) / 2n;", "activations"),
     ("M.autocastWeightBytes = () => 0n;", "autocast"),
+    # each of guide-memory's switches ignored by the port: the guard names what it changes
+    ("const f = M.activationBytes; M.activationBytes = (a, s, b, c, e) => f(a, s, b, c, e);",
+     "activations"),
+    ("const f = M.perGpu; M.perGpu = (...x) => f(...x.slice(0, 8));", "buckets"),
+    ("const f = M.fitReport; M.fitReport = (c) => f({...c, strategies: c.strategies.map("
+     "(k) => (k === 'zero2' ? 'fsdp2_no_reshard' : k))});", "zero2"),
 ])
 def test_node_guard_names_the_part_when_a_formula_changes(patch, field):
     cfgs, py = _reports(40)
+    assert_switches_drawn(cfgs)
     first, _, _ = compare(cfgs, _node_reports(cfgs, patch), py)
     assert first is not None and field in first, first

@@ -115,8 +115,8 @@ class GpuSplit:
 
 def _strategy(key: str) -> str:
     """``key`` if priced here: :data:`FIT_STRATEGIES`, or ``"zero2"`` (the ZeRO paper's stage 2,
-    parameters replicated between steps: analytic, no PyTorch wrapper; the command line offers
-    it, the widget does not)."""
+    parameters replicated between steps: analytic, no PyTorch wrapper; the command line and the
+    widget offer it by name, outside ``all``)."""
     if key not in FIT_LABELS:
         raise ValueError(f"unknown strategy {key!r}; choose one of {', '.join(FIT_LABELS)}.")
     return key

@@ -36,6 +36,7 @@ import guide.memory.state as state
 import guide.memory.transient as transient
 from guide.memory.activations import CHECKPOINTING
 from guide.memory.architectures import PRESETS
+from guide.memory.cli import FIT_LABELS_SHORT
 from guide.memory.fit import (
     DEFAULT_SHARD_GROUP,
     FIT_LABELS,
@@ -46,18 +47,21 @@ from guide.memory.fit import (
 from guide.memory.predicted import PRECISIONS
 from guide.optimizers import OPTIMIZERS
 
-__all__ = ["CHECKED_CONFIGS", "MIRRORED", "OUTSIDE", "WIDGET_JS", "StaleWidget", "check", "data",
-           "hashed_sources", "main", "render", "source_hash"]
+__all__ = ["ANALYTIC_STRATEGIES", "CHECKED_CONFIGS", "MIRRORED", "OUTSIDE", "SHORT", "WIDGET_JS",
+           "StaleWidget", "check", "data", "hashed_sources", "main", "render", "source_hash"]
 
 #: The widget's file in a source checkout.
 WIDGET_JS = Path(__file__).resolve().parents[3] / "docs" / "_static" / "memory_widget.js"
 #: How many configurations the browser test compares (the widget states it).
 CHECKED_CONFIGS = 320
-#: Short names the widget's table and chart use (its 64-pixel label column): ``ZeRO-1`` is
-#: DDP + torch's ZeroRedundancyOptimizer, ``ZeRO-2`` FSDP2 with reshard_after_forward=False (their
-#: full labels, :data:`guide.memory.fit.FIT_LABELS`, are in the strategy menu).
-SHORT = {"ddp": "DDP", "zero1": "ZeRO-1", "fsdp2_no_reshard": "ZeRO-2", "fsdp2": "FSDP2",
-         "hsdp": "HSDP"}
+#: Short names the widget's table and chart use, the command's (its one-line verdict):
+#: ``ZeRO-1`` is DDP + torch's ZeroRedundancyOptimizer, ``ZeRO-2`` FSDP2 with
+#: reshard_after_forward=False, ``ZeRO-2 (paper)`` the paper's stage 2 (their full labels,
+#: :data:`guide.memory.fit.FIT_LABELS`, are in the strategy menu).
+SHORT = dict(FIT_LABELS_SHORT)
+#: Strategies the widget offers one at a time, outside "all" (as ``--strategy all`` leaves them
+#: out): the ZeRO paper's stage 2, analytic (no PyTorch wrapper).
+ANALYTIC_STRATEGIES = ("zero2",)
 _BEGIN, _END = "// DATA-BEGIN", "// DATA-END"
 #: The modules the port mirrors, hashed whole: every ``guide.memory`` module they import must be
 #: here (``tests/memory/test_widget.py`` follows the imports and fails on one left out).
@@ -107,7 +111,8 @@ def data() -> dict:
         "source_hash": source_hash(),
         "checked_configs": CHECKED_CONFIGS,
         "strategies": list(FIT_STRATEGIES),
-        "labels": {k: FIT_LABELS[k] for k in FIT_STRATEGIES},
+        "analytic_strategies": list(ANALYTIC_STRATEGIES),
+        "labels": {k: FIT_LABELS[k] for k in (*FIT_STRATEGIES, *ANALYTIC_STRATEGIES)},
         "short": SHORT,
         "default_shard_group": DEFAULT_SHARD_GROUP,
         "bounds": {k: {"label": b.label, "low": b.low, "high": b.high, "example": b.example}
@@ -116,7 +121,6 @@ def data() -> dict:
         "order": {"presets": list(PRESETS), "precisions": list(PRECISIONS),
                   "optimizers": list(OPTIMIZERS), "gpus": list(GPU_BYTES)},
         "world_sizes": list(FIT_WORLD_SIZES),
-        "ddp_buckets": True,
         "checkpointing": list(CHECKPOINTING),
         "korthikanti": {"sbh": int(activations.KORTHIKANTI_SBH),
                         "scores": int(activations.KORTHIKANTI_SCORES),
