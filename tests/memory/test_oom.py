@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+from pathlib import Path
 
 import pytest
 
-from guide.memory import PRESETS, Architecture, GiB, unsharded_param_bytes
+from guide.memory import PRESETS, Architecture, GiB, per_rank_state_bytes, unsharded_param_bytes
 from guide.memory.fit import per_gpu
 from guide.memory.oom import (BASELINE, STEPS, Setup, Step, ladder, offloaded_bytes,
                               predicted_bytes)
@@ -78,8 +80,8 @@ def test_split_root_buffers_by_hand():
             assert (head_phase > blocks_phase) == (arch is wide_vocab)
             assert fsdp2_split_root_buffer_bytes(arch, precision) == max(blocks_phase, head_phase)
     # llama-3-8b: the head's backward is the larger moment, and it is below the root's buffers
-    assert fsdp2_split_root_buffer_bytes(LLAMA, "bf16_mixed") < fsdp2_buffer_bytes(LLAMA, "fsdp2",
-                                                                             "bf16_mixed")
+    assert (fsdp2_split_root_buffer_bytes(LLAMA, "bf16_mixed")
+            < fsdp2_buffer_bytes(LLAMA, "fsdp2", "bf16_mixed"))
 
 
 def test_split_root_refuses_tied_embeddings():
@@ -128,3 +130,64 @@ def test_llama_3_8b_fits_an_h100_from_the_reshard_step():
     assert rungs[0].bytes["total"] > cap and rungs[1].bytes["total"] > cap
     assert rungs[2].step.key == "reshard" and rungs[2].bytes["total"] <= cap
     assert rungs[0].bytes["total"] / GiB > rungs[-1].bytes["total"] / GiB
+
+
+def test_world_size_is_refused_by_the_calculators_guard():
+    """predicted_bytes has no world-size rule of its own: per_gpu's applies."""
+    with pytest.raises(ValueError, match="world_size"):
+        predicted_bytes(LLAMA, BASELINE, 0, **RUN)
+
+
+def test_offloaded_bytes_is_the_model_state_of_the_fsdp2_shards():
+    for precision in ("fp32", "bf16_mixed"):
+        sb = per_rank_state_bytes(LLAMA.param_shapes(), "fsdp2", 8, precision, "adamw",
+                                  ddp_buckets=False)
+        assert offloaded_bytes(LLAMA, 8, precision, "adamw") == sb.params + sb.grads + sb.optimizer
+
+
+# The landing page and the site search lead to the OOM path: the landing page's bullet names
+# "out of memory" and "OOM" and links the section's label, which the OOM page defines right above
+# a heading that says "Out of memory (OOM)" (Sphinx's search indexes a heading's words as title
+# terms; docs/_static/search_scorer.js puts the page whose file name holds the query first).
+ROOT = Path(__file__).resolve().parents[2]
+LABEL = "oom-path"
+
+
+def oom_path_link_problems(index_md: str, page_py: str) -> list[str]:
+    """What keeps a reader of the landing page, or of the search, from the OOM path."""
+    problems = []
+    bullets = [line for line in index_md.split("\n* ") if f"<{LABEL}>`" in line]
+    if not bullets:
+        problems.append(f"docs/index.md does not link the OOM path ({{ref}}`... <{LABEL}>`)")
+    elif not re.search(r"out of memory", bullets[0], re.I) or "OOM" not in bullets[0]:
+        problems.append("the landing page's OOM bullet does not say 'out of memory' and 'OOM'")
+    heading = re.search(rf"^# \.\. _{LABEL}:\n#\n# (.+)\n# -+\n", page_py, re.M)
+    if heading is None:
+        problems.append(f"the OOM page defines no section labelled {LABEL}")
+    elif not ("Out of memory" in heading[1] and "(OOM)" in heading[1]):
+        problems.append(f"the OOM path's heading {heading[1]!r} does not say "
+                        "'Out of memory (OOM)'")
+    return problems
+
+
+def test_landing_page_and_search_lead_to_the_oom_path():
+    index_md = (ROOT / "docs" / "index.md").read_text()
+    page_py = (ROOT / "examples" / "plot_oom_ddp_vs_fsdp2.py").read_text()
+    assert oom_path_link_problems(index_md, page_py) == []
+    # "OOM" ranks the page first through the scorer's file-name rule (tests/test_site.py's
+    # SEARCH_FIRST checks the ranking in the browser on the built site)
+    scorer = (ROOT / "docs" / "_static" / "search_scorer.js").read_text()
+    assert 'file.includes(q.replace(/ /g, "_"))' in scorer
+
+
+def test_oom_path_link_guard_catches_each_break():
+    index_md = (ROOT / "docs" / "index.md").read_text()
+    page_py = (ROOT / "examples" / "plot_oom_ddp_vs_fsdp2.py").read_text()
+    unlinked = index_md.replace(f"<{LABEL}>`", "<somewhere>`")
+    assert "does not link" in oom_path_link_problems(unlinked, page_py)[0]
+    unnamed = index_md.replace("Out of memory (OOM) with FSDP2?", "Too big for FSDP2?")
+    assert "does not say" in oom_path_link_problems(unnamed, page_py)[0]
+    unlabelled = page_py.replace(f"# .. _{LABEL}:\n", "# .. _elsewhere:\n")
+    assert "no section labelled" in oom_path_link_problems(index_md, unlabelled)[0]
+    renamed = page_py.replace("# Out of memory (OOM) with FSDP2?", "# Too big for FSDP2?")
+    assert "heading" in oom_path_link_problems(index_md, renamed)[0]
