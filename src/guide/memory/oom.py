@@ -21,8 +21,8 @@ here: each setup is the calculator's FSDP2 layout (``"fsdp2_no_reshard"`` before
 
 * **the root split into units**: the embedding and the final-norm-and-head each their own
   ``fully_shard`` unit. FSDP2's buffers are then
-  :func:`guide.memory.transient.fsdp2_split_root_buffer_bytes` instead of
-  :func:`~guide.memory.transient.fsdp2_buffer_bytes`. Refused for tied embeddings.
+  :func:`guide.memory.fsdp2_split_root_buffer_bytes` instead of
+  :func:`guide.memory.fsdp2_buffer_bytes`. Refused for tied embeddings.
 * **CPU offload** (``CPUOffloadPolicy``): the parameter and gradient shards and the optimizer
   state move to host memory (:func:`offloaded_bytes`, the model state of
   :func:`guide.memory.per_rank_state_bytes`); the gathered parameters, the gradient buffers and
