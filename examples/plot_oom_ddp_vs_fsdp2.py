@@ -12,8 +12,16 @@ FSDP2 fits where DDP runs out of memory
    :claim:`oom.ddp.n2.need_vs_headroom <unit>` the memory each rank may use and fails, while
    FSDP2 on the same ranks trains under it with the same losses: choose FSDP2 then, DDP otherwise.
 
-Measured on CPU gloo processes under a Linux memory limit (tiny models, two shared cores); this
-page predicts no GPU numbers.
+   Already out of memory with FSDP2 (OOM)? :ref:`Try these, in order <oom-path>`: bf16 mixed
+   precision, ``reshard_after_forward=True``, the embedding and head as their own units, the
+   allocator and NCCL settings, selective then full activation checkpointing, CPU offload.
+   Predicted for Llama-3-8B on :claim:`oom.path.world_size` GPUs at :claim:`oom.path.seq_len`
+   tokens per sequence, they take a GPU from :claim:`oom.path.before <unit>` to
+   :claim:`oom.path.after <unit>`; the first two alone reach :claim:`oom.path.first_fit <unit>`,
+   under an H100's memory.
+
+Measured on CPU gloo processes under a Linux memory limit (tiny models, two shared cores). The
+GPU numbers of the first section are predicted from the site's memory model, and labelled so.
 
 Every rank gets a hard memory budget: the kernel refuses to grow its data segment beyond it
 (``RLIMIT_DATA``), so over-use is a real ``can't allocate memory`` error, not a number on a chart.
@@ -24,8 +32,264 @@ unexpectedly fits, or FSDP2 does not, the docs build fails and says which.
 """
 
 # %%
-# The code to copy
-# ----------------
+# .. _oom-path:
+#
+# Out of memory (OOM) with FSDP2? What to try, in order
+# -----------------------------------------------------
+# Measure first, on the rank that failed: ``torch.cuda.max_memory_allocated()`` after a step is
+# the peak of live tensors; ``torch.cuda.memory._record_memory_history()`` and then
+# ``torch.cuda.memory._dump_snapshot("oom.pickle")`` (open it at pytorch.org/memory_viz) show
+# which blocks were alive at that peak; ``torch.cuda.memory_reserved()`` far above the allocated
+# peak is the allocator's fragmentation, not your tensors. Then try these, each on top of the
+# ones before, cheapest in step time first. In plain PyTorch (two of them are environment
+# variables, set before CUDA and NCCL start):
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,
+                                    fully_shard)
+from torch.distributed.tensor import DTensor
+
+# GPU-only, in the job's environment:
+#   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True   fewer reserved but unused bytes
+#   TORCH_NCCL_AVOID_RECORD_STREAMS=1                   NCCL frees a collective's tensors sooner
+
+
+def shard_to_fit(model: torch.nn.Module, mesh, *, bf16: bool = True, reshard: bool = True,
+                 split_root: bool = False, checkpoint: bool = False,
+                 offload: bool = False) -> torch.nn.Module:
+    """FSDP2 with each memory saver a switch: bf16 compute with fp32 shards, each block freed
+    after its forward, the embedding and head as their own units (Llama: ``tok_embeddings`` and
+    ``[norm, output]``), full activation checkpointing, the shards and optimizer on the CPU."""
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+          else MixedPrecisionPolicy())
+    kw = dict(mesh=mesh, mp_policy=mp, offload_policy=CPUOffloadPolicy() if offload
+              else OffloadPolicy())
+    for i, block in enumerate(model.blocks):
+        if checkpoint:  # before fully_shard, so the recomputed forward gathers the block again
+            block = model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+        fully_shard(block, reshard_after_forward=reshard, **kw)
+    if split_root:
+        fully_shard(model.tok_emb, **kw)
+        fully_shard([model.ln_f, model.head], **kw)
+    return fully_shard(model, **kw)
+
+
+def gathered_bytes(model: torch.nn.Module) -> int:
+    """Bytes of parameters FSDP2 holds unsharded right now (those that are not DTensors)."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                for p in model.parameters() if not isinstance(p, DTensor)}
+    return sum(storages.values())
+
+
+# %%
+# Each step, predicted for a named model
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# :func:`guide.memory.oom.ladder` prices each step with the site's memory model (the calculator's:
+# :func:`guide.memory.fit.per_gpu` for model state and FSDP2's buffers,
+# :func:`guide.memory.activation_bytes` for the activations) for Llama-3-8B with AdamW, one
+# sequence per GPU. The run that failed is fp32 with ``reshard_after_forward=False``, no
+# checkpointing and the root (embeddings, final norm, untied head) one unit. *Saves* is the total
+# before the step minus the total after it, so it depends on the order: checkpointing saves half
+# as much once the activations are bf16. The allocator and NCCL steps change nothing the model
+# counts; they are GPU-only and measured, never predicted.
+#
+# Where the fp32 copies live under ``MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+# reduce_dtype=torch.float32)``: in the shards. Each rank keeps its 1/N of the parameters in fp32
+# (they are the master weights), its 1/N of the gradients in fp32 and AdamW's two fp32 moments of
+# that 1/N. Only what a unit gathers, its unsharded gradients and the activations are bf16 (the
+# reduce-scatter's input is cast back to fp32). So mixed precision leaves the model state alone and
+# halves everything transient; ``CPUOffloadPolicy`` is what moves the fp32 shards off the GPU.
+import guide
+from guide import checks
+from guide.memory import GiB, PRESETS, oom as oom_path, unsharded_param_bytes
+from guide.memory.fit import GPU_BYTES
+from guide.memory.predicted import GPU_MEMORY_CONSTANTS
+
+PAGE = guide.Page(section="Memory", order=2, key_api="fully_shard(", world_size=2,
+                  supports=(2, 4, 8))
+WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
+LLAMA, GPU = "llama-3-8b", "H100 (80 GB)"
+GPU_NAME = GPU.split(" (")[0]  # the name alone: its memory is the cited constant
+ARCH = PRESETS[LLAMA]
+N_GPUS = PAGE.state("oom.path.world_size", 8, "GPUs", model=LLAMA)
+SEQ = PAGE.state("oom.path.seq_len", 8192, "tokens", model=LLAMA)
+PATH_RUN = dict(model=LLAMA, world_size=N_GPUS, seq_len=SEQ, micro_batch=1, optimizer="adamw",
+                norm="fused")
+gpu_mib = PAGE.cite(GPU_MEMORY_CONSTANTS[GPU])
+rungs = oom_path.ladder(ARCH, N_GPUS, seq_len=SEQ, micro_batch=1, optimizer="adamw")
+MEASURED_HERE = {"mixed_precision", "reshard", "units", "full_ac"}  # by the CPU run below
+
+
+def evidence(step) -> str:
+    if step is None:
+        return "predicted"
+    if step.change is None:
+        return "GPU-only, not modelled: measure it"
+    return ("measured here on CPU (below), predicted for GPU" if step.key in MEASURED_HERE
+            else "GPU-only, predicted" if step.gpu_only else "predicted")
+
+
+path_rows = []
+for r in rungs:
+    total = None if r.bytes is None else r.bytes["total"] / GiB
+    path_rows.append((
+        "the run that failed" if r.step is None else r.step.what,
+        "-" if r.saved is None else r.saved / GiB,
+        "-" if total is None else total,
+        "-" if total is None else ("yes" if r.bytes["total"] <= GPU_BYTES[GPU] else "no"),
+        evidence(r.step)))
+with PAGE.scope(**PATH_RUN):
+    PAGE.show("oom.path", path_rows,
+              ["step", "saves", "per GPU after", f"fits an {GPU_NAME}", "evidence"],
+              formats={"saves": ",.2f", "per GPU after": ",.2f"},
+              title=f"GiB per GPU, {LLAMA}, N = {N_GPUS}, {SEQ:,} tokens, AdamW, one "
+                    f"sequence per GPU; an {GPU_NAME} has {gpu_mib:,} MiB",
+              keys=["baseline" if r.step is None else r.step.key for r in rungs])
+PAGE.show(None, [(s.what, s.code, s.cost, s.measure) for s in oom_path.STEPS],
+          ["step", "turn it on", "what it costs", "measure it with"],
+          title="How to turn each step on and how to see what it saved")
+
+# %%
+# Two of these savings have a value that does not need the model. ``reshard_after_forward=True``
+# frees every block after its forward, but during the backward two blocks (the one computing and
+# the one prefetched) and the root are gathered anyway: it saves the parameters of all blocks but
+# two, in bf16, which the config alone gives (``2h + 2h² + 2h·kv + 3h·m`` per block).
+# ``CPUOffloadPolicy`` moves the fp32 parameter and gradient shards and AdamW's two fp32 moments:
+# sixteen bytes per parameter over N, and AdamW's fp32 step count, one per parameter tensor.
+by_key = {r.step.key: r for r in rungs if r.step is not None}
+h, kv, m = ARCH.hidden, ARCH.kv_heads * ARCH.hidden // ARCH.heads, ARCH.mlp
+block_params = 2 * h + 2 * h * h + 2 * h * kv + 3 * h * m
+reshard_saved = PAGE.check("oom.path.reshard.saved_vs_formula", checks.expect_close(
+    "OOM path", f"{LLAMA} reshard_after_forward=True", by_key["reshard"].saved / GiB,
+    (ARCH.layers - 2) * block_params * 2 / GiB, 0, "GiB saved", unit="GiB",
+    against="(layers - 2) blocks' bf16 parameters from the config"), fmt=".2f", **PATH_RUN)
+offload_saved = PAGE.check("oom.path.offload.saved_vs_formula", checks.expect_close(
+    "OOM path", f"{LLAMA} CPUOffloadPolicy", by_key["offload"].saved / GiB,
+    (16 * ARCH.n_params / N_GPUS + 4 * len(ARCH.param_shapes())) / GiB, 0, "GiB saved",
+    unit="GiB", against="sixteen bytes per parameter over N, four per tensor (AdamW's step)"),
+    fmt=".2f", **PATH_RUN)
+fitting = [r for r in rungs if r.bytes and r.bytes["total"] <= GPU_BYTES[GPU]]
+checks.expect("OOM path", f"{LLAMA} on an {GPU_NAME}", fitting[0].step.key == "reshard",
+              f"the first step that fits is {fitting[0].step.key!r}, not reshard_after_forward: "
+              "the verdict's 'the first two alone' no longer holds.")
+first_fit = fitting[0].step.what
+with PAGE.scope(**PATH_RUN):
+    PAGE.state("oom.path.before", round(rungs[0].bytes["total"] / GiB, 1), "GiB")
+    PAGE.state("oom.path.after", round(rungs[-1].bytes["total"] / GiB, 1), "GiB")
+    PAGE.state("oom.path.first_fit", round(fitting[0].bytes["total"] / GiB, 1), "GiB")
+    PAGE.state("llama-3-8b.block_params", block_params, "parameters")
+    PAGE.state("llama-3-8b.params", ARCH.n_params, "parameters")
+    PAGE.state("llama-3-8b.param_tensors", len(ARCH.param_shapes()), "tensors")
+print(f"reshard_after_forward=True saves {reshard_saved:.2f} GiB: the bf16 parameters of every "
+      f"block but two, {block_params:,} each. CPU offload saves {offload_saved:.2f} GiB: sixteen "
+      f"bytes for each of {ARCH.n_params:,} parameters over N, and AdamW's step count for each of "
+      f"{len(ARCH.param_shapes())} tensors. The first step under the {GPU_NAME}'s "
+      f"{gpu_mib:,} MiB: {first_fit}.")
+
+# %%
+# Measured here: what each step frees, on CPU ranks
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``shard_to_fit`` on a small model, one switch more per run, on gloo ranks. After the forward (the
+# backward's peak is about to start) each rank counts the bytes of parameters still gathered
+# (``gathered_bytes``, from the tensors) and what the blocks saved for backward
+# (:class:`guide.saved_tensors.SavedTensors`, from autograd's own hooks). Each is checked against
+# its prediction from the parameter shapes or the activation model. CPU offload, the allocator and
+# NCCL need a GPU and are not run.
+from guide.data import synthetic_batches
+from guide.memory import activations as act_model
+from guide.memory import Architecture, param_shapes
+from guide.model import ModelConfig, build_model
+from guide.saved_tensors import SavedTensors
+from guide.training import next_token_loss
+from torch.distributed.device_mesh import init_device_mesh
+
+SMALL = ModelConfig(vocab=128, d_model=64, n_layers=4, n_heads=4, d_mlp=256, max_seq=32)
+TOKENS = synthetic_batches(steps=1, batch_size=4, seq_len=32, vocab=SMALL.vocab, seed=0)[0]
+#: One run per step measured here, each adding one switch of ``shard_to_fit``.
+SAVER_RUNS = {"the run that failed": dict(bf16=False, reshard=False),
+              "mixed_precision": dict(bf16=True, reshard=False),
+              "reshard": dict(bf16=True, reshard=True),
+              "units": dict(bf16=True, reshard=True, split_root=True),
+              "full_ac": dict(bf16=True, reshard=True, split_root=True, checkpoint=True)}
+
+
+def savers_worker(rank: guide.Rank) -> dict[str, tuple[int, int]]:
+    mesh = init_device_mesh(rank.device.type, (rank.world_size,))
+    out = {}
+    for name, switches in SAVER_RUNS.items():
+        torch.manual_seed(0)
+        model = shard_to_fit(build_model(SMALL, device=rank.device), mesh, **switches)
+        with SavedTensors(model.blocks) as saved:
+            loss = next_token_loss(model, TOKENS.to(rank.device))
+        out[name] = (gathered_bytes(model), saved.nbytes)
+        loss.backward()
+    return out
+
+
+savers = guide.launch(savers_worker, WORLD_SIZE)
+
+KiB = 2**10
+s, b = TOKENS.shape[1] - 1, TOKENS.shape[0]
+small_model = build_model(SMALL)
+shapes_of = {"all": param_shapes(small_model),
+             "root": [tuple(p.shape) for n, p in small_model.named_parameters()
+                      if not n.startswith("blocks.")],
+             "root less embedding and head": [tuple(small_model.pos_emb.weight.shape)]}
+#: The small model's shape for the activation model: its bf16 blocks save what
+#: :func:`guide.memory.activations.block_bytes` counts, except that on CPU LayerNorm keeps its two
+#: statistics per token in bf16 where the model (a GPU's fused norm) counts fp32.
+SMALL_ARCH = Architecture(vocab=SMALL.vocab, hidden=SMALL.d_model, layers=SMALL.n_layers,
+                          heads=SMALL.n_heads, mlp=SMALL.d_mlp, gated_mlp=False, bias=True,
+                          layernorm=True, learned_positions=True, max_seq_len=SMALL.max_seq)
+BF16_BLOCKS = SMALL.n_layers * act_model.block_bytes(SMALL_ARCH, s, b, norm="fused",
+                                                     bytes_per_element=2)
+CPU_NORM_STATS = SMALL.n_layers * 2 * 2 * s * b * 2  # per block: 2 norms x 2 statistics x 2 bytes
+#: What each run should keep gathered after its forward, and (where the activation model has an
+#: exact count) what its blocks should save: fp32 every operation, or each block's bf16 input.
+PREDICTED = {
+    "the run that failed": ("all", "fp32", SMALL.n_layers * act_model.tinylm_layer_bytes(SMALL, s, b)),
+    "mixed_precision": ("all", "bf16_mixed", BF16_BLOCKS),
+    "reshard": ("root", "bf16_mixed", BF16_BLOCKS),
+    "units": ("root less embedding and head", "bf16_mixed", BF16_BLOCKS),
+    "full_ac": ("root less embedding and head", "bf16_mixed",
+                SMALL.n_layers * act_model.checkpointed_layer_bytes(SMALL.d_model, s, b, 2)),
+}
+SMALL_RUN = dict(model=repr(SMALL), world_size=WORLD_SIZE, seq_len=s, micro_batch=b)
+cpu_rows, previous = [], None
+for name, (part, precision, want_saved) in PREDICTED.items():
+    gathered = max(r[name][0] for r in savers)
+    saved = max(r[name][1] for r in savers)
+    checks.expect("OOM path, measured", name, len({r[name] for r in savers}) == 1,
+                  f"ranks disagree: {[r[name] for r in savers]}")
+    want = unsharded_param_bytes(shapes_of[part], WORLD_SIZE, precision)
+    got = checks.expect_close("OOM path, measured", f"{name}: gathered after forward", gathered,
+                              want, 0, "bytes", unit="B", against=f"the {part} parameter shapes")
+    # bf16 blocks with LayerNorm (not checkpointed): within the statistics' bytes CPU rounds off
+    tol = CPU_NORM_STATS if want_saved == BF16_BLOCKS else 0
+    got_saved = checks.expect_close(
+        "OOM path, measured", f"{name}: blocks' saved activations", saved, want_saved, tol,
+        "bytes", unit="B", against="guide.memory.activations' count")
+    freed = None if previous is None else (previous - (gathered + saved)) / KiB
+    cpu_rows.append((name if name == "the run that failed" else by_key[name].step.what,
+                     got.scaled(1 / KiB, "KiB"), want / KiB, got_saved.scaled(1 / KiB, "KiB"),
+                     want_saved / KiB, "-" if freed is None else freed))
+    previous = gathered + saved
+CPU_COLUMNS = ["run", "gathered, measured", "gathered, predicted", "block activations, measured",
+               "block activations, predicted", "freed by the step"]
+with PAGE.scope(**SMALL_RUN):
+    PAGE.show("oom.path.cpu", cpu_rows, CPU_COLUMNS,
+              formats={c: ",.1f" for c in CPU_COLUMNS[1:]},
+              title=f"KiB per rank after the forward, {WORLD_SIZE} gloo ranks, a small model",
+              keys=list(PREDICTED))
+print("Measured on CPU, each step freed what the model predicts: the gathered parameters halve "
+      "in bf16, the blocks leave after their forward, the embedding and head leave with their own "
+      "units, and checkpointed blocks keep only their input.")
+
+
+# %%
+# DDP or FSDP2: the code to copy
+# ------------------------------
+# The rest of the page measures the first choice: when DDP runs out of memory and FSDP2 does not.
 # The two wraps, in plain PyTorch. DDP keeps the whole model, its gradients, the optimizer state
 # and a second copy of the gradients (its buckets) on every rank. ``fully_shard`` on each block and
 # then on the root keeps 1/N of parameters, gradients and optimizer state per rank, plus, during
@@ -93,9 +357,6 @@ STEPS = 3
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab,
                             seed=0)
 HEADROOM = 3.5  # × P: room each rank may grow by above its own start
-PAGE = guide.Page(section="Memory", order=2, key_api="fully_shard(", world_size=2,
-                  supports=(2, 4, 8))
-WORLD_SIZE = PAGE.world_size  # the default under python; torchrun's WORLD_SIZE under torchrun
 #: FSDP2's jobs: 2 and 4 fresh ranks with python; torchrun's N alone under torchrun.
 FSDP_NS = (WORLD_SIZE,) if guide.under_torchrun() else (2, 4)
 if guide.under_torchrun():  # this process runs the jobs: no big allocation may stay in its heap,

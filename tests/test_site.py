@@ -625,6 +625,7 @@ def test_browser_landing_pick_column_is_on_a_phone_screen(tmp_path):
 #: A topic's name -> its own page, which must be the first search result.
 SEARCH_FIRST = {"reshard_after_forward": "auto_examples/plot_reshard_after_forward.html",
                 "out of memory": "auto_examples/plot_oom_ddp_vs_fsdp2.html",
+                "OOM": "auto_examples/plot_oom_ddp_vs_fsdp2.html",
                 "prefetch": "auto_examples/plot_prefetch_and_units.html",
                 "loss normalisation": "auto_examples/plot_loss_normalisation.html",
                 "cast_forward_inputs": "auto_examples/plot_mixed_precision_pitfalls.html",

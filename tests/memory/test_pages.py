@@ -47,3 +47,26 @@ def test_oom_page_fails_when_the_budget_does_not_separate_the_strategies(tmp_pat
     assert run.returncode != 0, run.output[-2000:]
     assert re.search(r"CheckFailed: \[DDP out of memory\] DDP x2: expected the headroom < DDP's "
                      r"unconstrained peak, got [\d.]+ vs [\d.]+", run.output), run.output[-3000:]
+
+
+def test_oom_path_fails_when_the_embedding_and_head_are_not_their_own_units(tmp_path):
+    """``shard_to_fit`` ignoring ``split_root`` (the root keeps its embedding and head gathered
+    from forward to backward): the OOM path's CPU measurement must stop the page, naming the
+    run and what differs from the shapes' prediction; it runs first, so this fails early."""
+    faulty = _inject(OOM_PAGE, [("    if split_root:\n", "    if False:\n")], tmp_path)
+    run = run_python(faulty, timeout=240)
+    assert run.returncode != 0, run.output[-2000:]
+    assert re.search(r"CheckFailed: \[OOM path, measured\] units: gathered after forward: bytes "
+                     r"differs by", run.output), run.output[-3000:]
+
+
+def test_oom_path_fails_when_mixed_precision_is_not_applied(tmp_path):
+    """A ``MixedPrecisionPolicy`` left at fp32 where the step asks for bf16: the gathered bytes
+    do not halve, and the page must say so before any budgeted run."""
+    faulty = _inject(OOM_PAGE, [("MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+                                 "reduce_dtype=torch.float32) if bf16\n",
+                                 "MixedPrecisionPolicy() if bf16\n")], tmp_path)
+    run = run_python(faulty, timeout=240)
+    assert run.returncode != 0, run.output[-2000:]
+    assert re.search(r"CheckFailed: \[OOM path, measured\] mixed_precision: gathered after "
+                     r"forward", run.output), run.output[-3000:]

@@ -6,6 +6,8 @@
   (GPT- and Llama-style blocks, the logits and their gradient; Korthikanti's Eq. 1 for comparison).
 * :mod:`guide.memory.transient` -- **predicted** bytes held only during the step: autocast's
   weight copies, FSDP2's gathered parameters and gradient buffers.
+* :mod:`guide.memory.oom` -- out of memory with FSDP2: what to try, in order, each step priced
+  with the modules above.
 * :mod:`guide.memory.fit` -- all of it per GPU, per layout, against a GPU's memory, and the
   smallest world that fits (:func:`~guide.memory.fit.min_world_size`).
 * :mod:`guide.memory.published` -- the model against published GPU peaks, with its tolerance.
@@ -46,13 +48,14 @@ from guide.memory.predicted import (
 )
 from guide.memory.fit import min_world_size
 from guide.memory.state import GB, StateBytes, GiB
-from guide.memory.transient import autocast_weight_bytes, fsdp2_buffer_bytes
+from guide.memory.transient import (autocast_weight_bytes, fsdp2_buffer_bytes,
+                                    fsdp2_split_root_buffer_bytes)
 
 __all__ = [
     "GB", "GPU_MEMORY_CONSTANTS", "GPU_TOTAL_MEMORY_GIB", "GiB", "MMAP_THRESHOLD", "PRECISIONS",
     "PRESETS", "RESOLUTION_BYTES", "WORLD_SIZES",
     "Architecture", "PeakMemory", "Precision", "StateBytes", "activation_bytes",
-    "autocast_weight_bytes", "current_bytes", "fsdp2_buffer_bytes",
+    "autocast_weight_bytes", "current_bytes", "fsdp2_buffer_bytes", "fsdp2_split_root_buffer_bytes",
     "data_segment_bytes", "is_prepared", "measure", "min_world_size", "param_shapes",
     "per_rank_state_bytes", "prepare", "reducer_bucket_bytes", "release_freed_heap",
     "state_bytes_by_rank", "state_bytes_for_count", "storage_bytes", "unsharded_param_bytes", "zero1_partition",

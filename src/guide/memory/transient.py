@@ -20,11 +20,17 @@ Both are **predicted** from shapes, and both are part of every page's "will it f
   gradient dtype, ``reduce_dtype``). Unpadded element counts; ``reshard_after_forward=False``
   keeps every block gathered already (:func:`guide.memory.unsharded_param_bytes`), so only the
   gradient buffers are added for it.
+* :func:`fsdp2_split_root_buffer_bytes`: the same buffers when the embedding and the
+  final-norm-and-head are their own ``fully_shard`` units (``reshard_after_forward=True``
+  everywhere), a step of the out-of-memory path (:mod:`guide.memory.oom`; the calculator's
+  layouts keep the root one unit). The root's gathered copy and its unsharded gradients no longer
+  sit beside the blocks' backward; the head's exist during its own backward only, with the next
+  block prefetched. The buffers are the larger of those two moments.
 
-Neither is measured on this site's CPU ranks (gloo, fp32, no autocast on the memory pages); the
-counts come from what PyTorch allocates (autocast's weight cache, FSDP2's ``FSDPParamGroup``
-all-gather and ``foreach_reduce``), and the published GPU measurements check their sum
-(``docs/pages/memory_calculator.md``).
+None of these is measured on this site's CPU ranks (gloo, fp32, no autocast on the memory
+pages); the counts come from what PyTorch allocates (autocast's weight cache, FSDP2's
+``FSDPParamGroup`` all-gather and ``foreach_reduce``), and the published GPU measurements check
+their sum (``docs/pages/memory_calculator.md``).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from guide.memory.architectures import Architecture
 from guide.memory.predicted import PRECISIONS
 
 __all__ = ["AUTOCAST_STRATEGIES", "FSDP2_STRATEGIES", "autocast_weight_bytes",
-           "fsdp2_buffer_bytes", "linear_params"]
+           "fsdp2_buffer_bytes", "fsdp2_split_root_buffer_bytes", "linear_params"]
 
 #: Layouts that run the model under ``torch.autocast`` (DDP underneath, fp32 parameters).
 AUTOCAST_STRATEGIES = ("ddp", "zero1")
@@ -74,3 +80,22 @@ def fsdp2_buffer_bytes(arch: Architecture, strategy: str, precision: str) -> int
     if strategy == "fsdp2_no_reshard":
         return grads
     return grads + root * p.compute + 2 * block * p.compute
+
+
+def fsdp2_split_root_buffer_bytes(arch: Architecture, precision: str) -> int:
+    """FSDP2's transient bytes with the embedding and the final-norm-and-head as their own units
+    (see the module docstring): the larger of the blocks' backward (two blocks gathered, one
+    block's unsharded gradients and reduce-scatter input; the head's unit no longer gathered) and
+    the head's backward (the final norm and head gathered, their unsharded gradients and
+    reduce-scatter input, the next block prefetched). Tied embeddings are refused: one parameter
+    cannot be in two ``fully_shard`` units."""
+    if arch.tied_embeddings:
+        raise ValueError("tied embeddings: the embedding and the head are one parameter, which "
+                         "cannot be in two fully_shard units; keep them in the root.")
+    p = PRECISIONS[precision]
+    embeddings, layer, tail = arch._parts()  # tail: the final norm, then the head
+    head = sum(math.prod(s) for s in tail)
+    block = sum(math.prod(s) for s in layer)
+    blocks_phase = 2 * block * p.compute + block * (p.compute + p.grad)
+    head_phase = head * (2 * p.compute + p.grad) + block * p.compute
+    return max(blocks_phase, head_phase)
