@@ -35,7 +35,7 @@ TITLES = (
             "DDP and FSDP2 train the same model to the same numbers; memory and traffic differ."),
     Section("Memory",
             "What each rank holds, where DDP runs out of memory and FSDP2 fits, depth, "
-            "activations."),
+            "activations, CPU offload."),
     Section("Communication and time",
             "The collectives each strategy issues, counted; their time on GPUs, predicted."),
     Section("Configure FSDP2",

@@ -21,7 +21,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "guide"
 LAYERS = (
     "guide.validate", "guide.world_sizes", "guide.checked", "guide.claims", "guide.constants",
     "guide.launcher", "guide.declaration", "guide.model", "guide.data", "guide.layout", "guide.sharding",
-    "guide.optimizers", "guide.memory", "guide.comm", "guide.unshard_timeline", "guide.checks", "guide.training",
+    "guide.optimizers", "guide.memory", "guide.comm", "guide.unshard_timeline", "guide.host_copies", "guide.checks",
+    "guide.training",
     "guide.reference", "guide.precision", "guide.saved_tensors", "guide.tensor_parallel",
     "guide.compiled", "guide.checkpoint_verify", "guide.checkpoint", "guide.hangs", "guide.report",
     "guide.rendered", "guide.rendered_tables", "guide.page", "guide.plotting", "guide.memory.cli",

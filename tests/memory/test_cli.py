@@ -344,3 +344,31 @@ def test_the_smallest_n_reads_as_gpus(capsys):
     # FSDP2 needs 32, not 16: at 16 its state (65.71 GiB) plus its transient buffers (15.80 GiB,
     # guide.memory.transient) is 81.5 GiB, over the H100's 79.65 GiB
     assert "DDP: no N ≤ 4,096 GPUs; FSDP2: 32" in capsys.readouterr().out
+
+
+def test_cpu_offload_moves_fsdp2s_model_state_to_the_host(capsys):
+    """``--cpu-offload``: the GPU keeps FSDP2's buffers (and activations), the host the shards."""
+    from guide.memory.offload import offload_memory, offload_traffic
+
+    arch = PRESETS["llama-3-8b"]
+    argv = ["--preset", "llama-3-8b", "-N", "8", "64", "--strategy", "fsdp2", "--cpu-offload"]
+    report = _json(argv, capsys)
+    fsdp2 = {r["N"]: r for r in report["rows"]}
+    assert report["cpu_offload"]["estimate"] == "GPU-only, predicted"
+    for row in report["cpu_offload"]["rows"]:
+        n = row["N"]
+        moved = offload_memory(arch, n, "bf16_mixed", "adamw")
+        traffic = offload_traffic(arch.fsdp2_units(), n, "bf16_mixed")
+        assert row["gpu_without"] == fsdp2[n]["total"]
+        assert row["gpu_saved"] == row["host"] == moved.gpu_saved
+        assert row["gpu_saved"] == fsdp2[n]["params"] + fsdp2[n]["grads"] + fsdp2[n]["optimizer"]
+        assert row["gpu_with"] == fsdp2[n]["buffers"]  # no activations asked for
+        assert (row["to_device"], row["to_host"]) == (traffic.to_device, traffic.to_host)
+    assert "cpu_offload" not in _json(argv[:-1], capsys)
+    assert main(argv) == 0 and "CPUOffloadPolicy (GPU-only, predicted)" in capsys.readouterr().out
+
+
+def test_cpu_offload_needs_an_architecture(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--params", "8e9", "-N", "8", "--cpu-offload"])
+    assert exc.value.code == 2 and "give an architecture" in capsys.readouterr().err

@@ -15,6 +15,9 @@ in GiB) every row says whether it fits and its headroom, and the output gives th
 fits for each strategy. ``--lora-rank R`` adds FSDP2 fine-tuning with a frozen base (in
 ``--base-precision``, default bf16) and rank-``R`` LoRA adapters (in ``--precision``) on every
 linear of every layer (:func:`guide.memory.finetune.lora_state_bytes`: rank 0's bytes, the most).
+``--cpu-offload`` adds FSDP2 with ``CPUOffloadPolicy`` (:mod:`guide.memory.offload`): per N, the
+GPU bytes without and with offload, the bytes saved, the host RAM each rank needs, and the
+host-device bytes of one synced micro-batch (GPU-only, predicted).
 Bad input exits with status 2 and one line naming the fix, never a table.
 """
 
@@ -36,6 +39,7 @@ from guide.memory.fit import (
     GPU_BYTES,
     capacity_bytes,
     fit_report,
+    per_gpu,
 )
 from guide.memory.inputs import (
     BOUNDS,
@@ -48,6 +52,7 @@ from guide.memory.inputs import (
     parse_int,
     unknown,
 )
+from guide.memory.offload import offload_memory, offload_traffic
 from guide.memory.predicted import PRECISIONS
 from guide.report import table
 from guide.sharding import Strategy
@@ -60,6 +65,7 @@ FIT_LABELS_SHORT = {"fsdp2_no_reshard": "ZeRO-2", "zero2": "ZeRO-2 (paper)", "dd
                     "zero1": "ZeRO-1", "fsdp2": "FSDP2", "hsdp": "HSDP"}
 
 _LORA = ("params", "grads", "optimizer", "total")
+_OFFLOAD = ("gpu_without", "gpu_saved", "gpu_with", "host", "to_device", "to_host")
 _PARTS = ("params", "unsharded", "grads", "optimizer", "buckets", "activations", "autocast",
           "buffers", "total")
 
@@ -103,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="also price FSDP2 LoRA fine-tuning: rank-R adapters, the base frozen")
     p.add_argument("--base-precision", default="bf16",
                    help=f"the frozen base's dtype with --lora-rank: one of {', '.join(PRECISIONS)}")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="add FSDP2 with CPUOffloadPolicy: GPU bytes saved, host RAM per rank, "
+                        "host-device bytes per step (needs an architecture)")
     p.add_argument("--optimizer", default="adamw", help=f"one of {', '.join(OPTIMIZERS)}")
     p.add_argument("--world-size", "-N", nargs="+", default=["1", "8", "64"],
                    help="one or more world sizes (default: 1 8 64)")
@@ -230,6 +239,27 @@ def _lora(args: argparse.Namespace, arch: Architecture | None) -> dict | None:
     return {"rank": args.lora_rank, "base_precision": args.base_precision, "rows": rows}
 
 
+def _offload(args: argparse.Namespace, arch: Architecture | None, act: int) -> dict | None:
+    """With ``--cpu-offload``: per N, FSDP2's fullest GPU without and with ``CPUOffloadPolicy``
+    (the model state moves to the host; buffers and activations stay), the host bytes per rank and
+    the host-device bytes of one synced micro-batch, in bytes."""
+    if not args.cpu_offload:
+        return None
+    if arch is None:
+        raise ValueError("--cpu-offload prices FSDP2's shards unit by unit: give an architecture "
+                         "(--preset or --hidden ...), not just --params.")
+    rows = []
+    for n in args.world_size:
+        gpu = per_gpu(arch, "fsdp2", n, args.precision, args.optimizer, activations=act,
+                      ddp_buckets=False)
+        moved = offload_memory(arch, n, args.precision, args.optimizer)
+        traffic = offload_traffic(arch.fsdp2_units(), n, args.precision)
+        rows.append({"N": n, "gpu_without": gpu.total, "gpu_saved": moved.gpu_saved,
+                     "gpu_with": gpu.total - moved.gpu_saved, "host": moved.host,
+                     "to_device": traffic.to_device, "to_host": traffic.to_host})
+    return {"estimate": "GPU-only, predicted", "rows": rows}
+
+
 def _report(args: argparse.Namespace, n_params: int) -> dict:
     """Everything the table states, for ``--json``."""
     return {
@@ -258,11 +288,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         n_params = _n_params(args, arch)
         fit = _fit(args, arch, n_params, _activations(args, arch))
         lora = _lora(args, arch)
+        offload = _offload(args, arch, _activations(args, arch))
     except ValueError as err:
         parser.exit(2, f"guide-memory: error: {err}\n")
     if args.json:
         print(json.dumps({**_report(args, n_params), **fit,
-                          **({"lora": lora} if lora else {})}, indent=2))
+                          **({"lora": lora} if lora else {}),
+                          **({"cpu_offload": offload} if offload else {})}, indent=2))
         return 0
     rows = fit["rows"]
     act = args.seq_len is not None
@@ -296,6 +328,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     title=f"FSDP2, LoRA rank {lora['rank']} on every linear, base frozen in "
                           f"{args.base_precision}: predicted {unit} on rank 0 (activations "
                           "not included)"))
+    if offload:
+        print(table([{"N": r["N"], **{c: format_bytes(r[c], args.unit) for c in _OFFLOAD}}
+                     for r in offload["rows"]], ["N", *_OFFLOAD],
+                    title=f"FSDP2 + CPUOffloadPolicy (GPU-only, predicted): {unit} per rank; "
+                          "gpu_with = gpu_without - gpu_saved (the shards move to the host); "
+                          "to_device / to_host: per synced micro-batch"))
     print("buckets: DDP's gradient buckets, held by DDP and ZeRO-1 "
           + ("with gradient_as_bucket_view=False (the default); --bucket-view drops them."
              if not args.bucket_view else "— none: --bucket-view (gradient_as_bucket_view=True)."))
