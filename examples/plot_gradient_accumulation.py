@@ -9,8 +9,8 @@ Gradient accumulation: skipping the sync, and what it costs
    when the reduce-scatters cost more than memory: it saved
    :claim:`accumulation.fsdp2.sync_skipped.reduce_scatters_saved` reduce-scatters per optimizer step
    here, at the price of full unsharded gradients on every rank until the last micro-batch
-   (:claim:`accumulation.fsdp2.sync_skipped.extra_gradient_memory <unit>` per rank here, DDP's
-   gradient memory). Keep the sync on when gradient memory is what limits you. DDP:
+   (:claim:`accumulation.fsdp2.sync_skipped.extra_gradient_memory <unit>` more per rank here: the
+   full gradients DDP holds, less the shard FSDP2 keeps anyway). Keep the sync on when gradient memory is what limits you. DDP:
    ``model.no_sync()``. Add ``model.set_reshard_after_backward(False)`` to keep the gathered
    parameters between micro-batches too: all-gathers per optimizer step fell from
    :claim:`accumulation.regather.default.all_gathers_per_optimizer_step` to
@@ -322,7 +322,8 @@ extra = PAGE.state("accumulation.fsdp2.sync_skipped.extra_gradient_memory",
 PAGE.conclude(
     f"FSDP2 trade-off at K={K}, N={WORLD_SIZE}: skipping the sync saves {saved:.0f} of "
     f"{fsdp2_rs} reduce-scatters per optimizer step and costs {extra:.2f} MiB more gradient "
-    "memory per rank during accumulation: the full gradients, as DDP holds them.")
+    "memory per rank during accumulation: the full gradients DDP holds, less the shard FSDP2 "
+    "keeps anyway.")
 
 
 # %%
