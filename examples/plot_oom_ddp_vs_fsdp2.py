@@ -328,9 +328,9 @@ def wrap(model: torch.nn.Module, strategy: str, device_type: str = "cpu") -> tor
 # it starts with (``torch`` imported, the process group up). So the budget is set relative to that
 # start, read inside the ranks before they build the model
 # (:func:`guide.memory.data_segment_bytes`): each rank may grow by ``HEADROOM × P``. The headroom
-# sits between the two strategies' needs: DDP holds 4 P between steps (parameters, gradients,
-# momentum, and DDP's buckets); FSDP2 holds 3 P / N plus its transient buffers (the root and two
-# blocks gathered, one block's gradients).
+# sits between the two strategies' needs: DDP holds 4 P after ``step()``, before ``zero_grad``
+# (parameters, gradients, momentum, and DDP's buckets); FSDP2 holds 3 P / N plus its transient
+# buffers (the root and two blocks gathered, one block's gradients).
 import dataclasses
 import math
 import re
@@ -598,7 +598,7 @@ PAGE.conclude(
 # The picture
 # -----------
 # Bars are the measured per-rank peak above a fresh rank's start, the darker part what the rank
-# holds between steps; the dashed line is the budget's headroom. DDP's bar crosses it, and it did
+# holds after ``step()``, before ``zero_grad``; the dashed line is the budget's headroom. DDP's bar crosses it, and it did
 # crash.
 style()
 fig, ax = plt.subplots(figsize=(7.5, 3.8))
@@ -618,7 +618,7 @@ ax.set_title(f"SGD + momentum, {p_mib:.1f} MiB of fp32 parameters, one budget fo
              "every rank")
 # Swatches in neutral grey: each bar's colour is its strategy, its shade what the length means.
 legend_below(fig, handles=[Patch(color="grey", alpha=0.35, label="measured peak"),
-                           Patch(color="grey", label="held between steps (+ DDP's buckets)")])
+                           Patch(color="grey", label="held after step() (+ DDP's buckets)")])
 plt.show()
 # sphinx_gallery_thumbnail_number = 1
 
