@@ -5,7 +5,7 @@ DDP and FSDP2 train the same model
 .. admonition:: Verdict
    :class: tip
 
-   Both take exactly the step one process takes (largest loss gap here:
+   Both take the step one process takes, up to floating-point reordering (largest loss gap here:
    :claim:`main-example.max_loss_gap <unit>`), so choose by memory and traffic. **Use DDP** while
    the model state (parameters, gradients, optimizer state) fits one GPU with room for
    activations: it moves fewer bytes per step (FSDP2 moves :claim:`main-example.bytes_ratio
