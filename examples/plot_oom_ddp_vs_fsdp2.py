@@ -334,7 +334,6 @@ def wrap(model: torch.nn.Module, strategy: str, device_type: str = "cpu") -> tor
 import dataclasses
 import math
 import re
-import resource
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
@@ -344,6 +343,7 @@ from guide import checks, memory
 from guide.data import synthetic_batches
 from guide.memory import (PeakMemory, current_bytes, data_segment_bytes, prepare,
                           release_freed_heap)
+from guide.memory.budget import budget, is_out_of_memory
 from guide.model import ModelConfig, build_model
 from guide.plotting import legend_below, style
 from guide.sharding import Strategy
@@ -418,29 +418,23 @@ def start_level(rank: guide.Rank) -> int:
 # Under torchrun there are no fresh ranks: the jobs run in torchrun's processes, which already ran
 # the script above. Each job first hands the heap's free pages back to the kernel (else memory the
 # single-process reference freed is reused unseen: DDP x2 measured 158 MiB, not its 4 P), and
-# under a budget it caps its own data segment at its level then plus the same headroom, lifting
-# the cap when the job ends. An allocation failure comes back as that rank's result, so that
-# every rank reaches the job's end.
-_OOM = re.compile(r"can't allocate memory|out of memory|Cannot allocate memory")
-
-
+# under a budget it caps its own memory at its level then plus the same headroom, lifting the cap
+# when the job ends (:func:`guide.memory.budget.budget`: the data segment on CPU, the caching
+# allocator's share of the GPU with CUDA). An allocation failure comes back as that rank's result,
+# so that every rank reaches the job's end.
 def torchrun_worker(rank: guide.Rank, strategy: Strategy, headroom_bytes: int | None = None
                     ) -> OOMResult | dict:
     prepare()
     release_freed_heap()
     if headroom_bytes is None:
         return train_worker(rank, strategy)
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    limit = data_segment_bytes() + headroom_bytes
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
-    try:
-        return train_worker(rank, strategy)
-    except (MemoryError, RuntimeError) as exc:
-        if not isinstance(exc, MemoryError) and not _OOM.search(str(exc)):
-            raise
-        return {"oom": f"{type(exc).__name__}: {exc}", "limit_mib": limit // MiB}
-    finally:
-        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+    with budget(rank.device, headroom_bytes) as limit:
+        try:
+            return train_worker(rank, strategy)
+        except (MemoryError, RuntimeError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            return {"oom": f"{type(exc).__name__}: {exc}", "limit_mib": limit // MiB}
 
 
 # %%

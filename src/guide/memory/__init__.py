@@ -13,6 +13,8 @@
 * :mod:`guide.memory.published` -- the model against published GPU peaks, with its tolerance.
 * :mod:`guide.memory.measured` -- **measured** bytes a live rank holds between steps (tensor storage,
   DDP's reducer buckets).
+* :mod:`guide.memory.budget` -- a rank's memory capped at its level plus a headroom (the data
+  segment on CPU, the caching allocator's share of a GPU with CUDA).
 * :mod:`guide.memory.peak` -- **measured** peak of a rank's process during a step.
 * :mod:`guide.memory.state` -- :class:`~guide.memory.StateBytes`, the record both sides produce.
 * :mod:`guide.memory.architectures` -- public model shapes (``PRESETS``).
