@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from conftest import EXAMPLES, run_python
 
 import guide
-from guide.experts import (MoE, all_to_all, build_moe_model, expected_expert_layout, expert_slice,
-                           merge_expert_states, to_expert_parallel)
+from guide.experts import (Experts, MoE, all_to_all, build_moe_model, expected_expert_layout,
+                           expert_slice, merge_expert_states, to_expert_parallel)
 from guide.model import ModelConfig
 
 PAGE = EXAMPLES / "plot_experts_mesh.py"
@@ -79,6 +79,23 @@ def test_bad_arguments_are_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="sdpa"):
         build_moe_model(ModelConfig(attention="explicit"), 4, 1)
     assert expert_slice(6, 1, 2) == slice(3, 6)
+
+
+def test_each_guard_refuses_on_its_own() -> None:
+    """The guards the test above reaches through another one, each alone: a bad count of experts
+    or EP ranks by name, a negative EP rank, top_k of 0, splits of different lengths whose sums
+    cover ``x``."""
+    with pytest.raises(ValueError, match="n must be a positive integer .the number of experts"):
+        Experts(0, 4, 8)
+    with pytest.raises(ValueError, match="ep_size must be a positive integer"):
+        expert_slice(6, 0, 0)
+    with pytest.raises(ValueError, match="not in 0..1"):
+        expert_slice(6, -1, 2)
+    with pytest.raises(ValueError, match="top_k=0"):
+        MoE(4, 8, 2, 0)
+    with pytest.raises(ValueError, match="differ in length"):
+        all_to_all(torch.zeros(3, 2), [3], [1, 2], None)
+    assert MoE(4, 8, 2, 2).top_k == 2 and expert_slice(6, 0, 1) == slice(0, 6)
 
 
 def test_merge_puts_the_experts_back_in_ep_order() -> None:
