@@ -251,7 +251,7 @@ REFERENCE = {opt: reference(opt) for opt in ("sgd", "adamw")}
 # parameters must match, mesh included; and without ``shard_placement_fn`` the experts' dim 0 is
 # split unevenly.
 N_PARAMS = PAGE.state("experts.model.params", sum(p.numel() for p in shapes.parameters()),
-                        "parameters", model=repr(CFG), n_experts=N_EXPERTS)
+                      "parameters", model=repr(CFG), n_experts=N_EXPERTS)
 ep_shape = {n: (len(range(N_EXPERTS)[expert_slice(N_EXPERTS, 0, EP)]), *p.shape[1:])
             for n, p in shapes.named_parameters() if n in EXPERT_NAMES}
 
@@ -373,7 +373,7 @@ norm_gap = max(checks.expect_close("clip norm", f"rank {i}", r["clipped"]["norms
                for i, r in enumerate(results))
 clip_rows = [
     ["max |norm − one process|", PAGE.check("experts.clip.norm_gap", norm_gap, fmt=".1e",
-                                                **CLIP), checks.LOSS_TOL],
+                                            **CLIP), checks.LOSS_TOL],
     ["max |Δloss|", PAGE.check("experts.clip.max_dloss", checks.assert_losses_match(
         run, clip_losses, mean_over_ranks([r["clipped"]["losses"] for r in results]),
         against=checks.SINGLE_PROCESS), fmt=".1e", **CLIP), checks.LOSS_TOL],
