@@ -46,7 +46,8 @@ TITLES = (
     Section("Fine-tune",
             "Frozen weights and LoRA adapters, pretrained weights in by broadcast, one file out."),
     Section("Beyond data parallel",
-            "Tensor parallel + FSDP2 on a 2-D mesh; torch.compile with fully_shard."),
+            "Tensor parallel + FSDP2 on a 2-D mesh; torch.compile with fully_shard; MoE experts "
+            "on their own mesh."),
     Section("Migrate and pitfalls",
             "From FSDP1 to fully_shard, the common mistakes with the message torch prints, and "
             "hangs."),

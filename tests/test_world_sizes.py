@@ -45,7 +45,8 @@ def test_the_examples_that_refuse_2_ranks_need_a_2d_mesh_or_a_divisor() -> None:
     assert restricted == {"plot_hsdp": (4, 8), "plot_fsdp1_migration": (4,),
                           "plot_reshard_after_forward": (4,), "plot_tp_fsdp2": (4, 8),
                           "plot_choosing_units": (4,),
-                          "plot_gradient_accumulation": (4,)}
+                          "plot_gradient_accumulation": (4,),
+                          "plot_experts_mesh": (4, 8)}
 
 
 def test_the_message_names_the_sizes_the_reason_and_the_command() -> None:

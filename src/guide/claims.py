@@ -76,13 +76,14 @@ _GUARD = re.compile(r"^(asserted: .+|bounded: .+|ordered: .+|computed|cited: .+)
 ASSUMPTIONS = frozenset({
     "activations", "algorithm", "attention", "backend", "baseline", "batch", "batch_tokens",
     "budget_mib", "cast_forward_inputs", "checkpointing", "checks", "counts", "date",
-    "ddp_buckets", "depths", "device", "dp", "estimate", "formula", "global_batch", "gpu", "gpus",
-    "hardware", "headroom_p", "integer_setting", "k", "load_bytes", "lora_rank", "max_norm",
-    "mfu", "micro_batch", "micro_batches", "model", "model_sources", "nodes", "norm", "optimizer",
-    "output_dtype", "param_dtype", "params", "per_rank_micro_batch", "precision", "rank",
-    "reduce_dtype", "replicas", "reshard_after_forward", "seq_len", "sequence_parallel", "shape",
-    "shapes", "shards", "source", "step", "steps", "steps_counted", "steps_timed",
-    "tokens_per_rank", "tp", "units", "vocab", "world_size", "world_sizes",
+    "ddp_buckets", "depths", "device", "dp", "ep", "estimate", "formula", "global_batch", "gpu",
+    "gpus", "hardware", "headroom_p", "integer_setting", "k", "load_bytes", "local_experts",
+    "lora_rank", "max_norm", "mfu", "micro_batch", "micro_batches", "model", "model_sources",
+    "n_experts", "nodes", "norm", "optimizer", "output_dtype", "param_dtype", "params",
+    "per_rank_micro_batch", "precision", "rank", "reduce_dtype", "replicas",
+    "reshard_after_forward", "seq_len", "sequence_parallel", "shape", "shapes", "shards",
+    "source", "step", "steps", "steps_counted", "steps_timed", "tokens_per_rank", "top_k", "tp",
+    "units", "vocab", "world_size", "world_sizes",
 })
 #: The kinds of guard, strongest first.
 GUARD_KINDS = ("asserted", "bounded", "ordered", "computed", "cited")
