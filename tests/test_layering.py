@@ -24,7 +24,8 @@ LAYERS = (
     "guide.optimizers", "guide.memory", "guide.comm", "guide.unshard_timeline", "guide.checks", "guide.training",
     "guide.reference", "guide.precision", "guide.saved_tensors", "guide.tensor_parallel",
     "guide.compiled", "guide.checkpoint_verify", "guide.checkpoint", "guide.hangs", "guide.report",
-    "guide.rendered", "guide.rendered_tables", "guide.page", "guide.plotting", "guide.memory.cli",
+    "guide.script_diff", "guide.rendered", "guide.rendered_tables", "guide.page", "guide.plotting",
+    "guide.memory.cli",
     "guide.memory.widget", "guide.memory.__main__", "guide", "guide.pitfalls",
 )
 

@@ -626,7 +626,9 @@ def test_browser_landing_pick_column_is_on_a_phone_screen(tmp_path):
 SEARCH_FIRST = {"reshard_after_forward": "auto_examples/plot_reshard_after_forward.html",
                 "out of memory": "auto_examples/plot_oom_ddp_vs_fsdp2.html",
                 "prefetch": "auto_examples/plot_prefetch_and_units.html",
-                "loss normalisation": "auto_examples/plot_loss_normalisation.html"}
+                "loss normalisation": "auto_examples/plot_loss_normalisation.html",
+                "DDP to FSDP2": "auto_examples/plot_ddp_to_fsdp2.html",
+                "switch from DDP": "auto_examples/plot_ddp_to_fsdp2.html"}
 #: Pages that must not crowd the top of a result list.
 SEARCH_LOW = ("pages/ledger.html", "api.html")
 
