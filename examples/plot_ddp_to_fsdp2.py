@@ -7,7 +7,7 @@ Switch from DDP to FSDP2: the whole script
 
    To switch, change :claim:`ddp_to_fsdp2.diff.lines.changed` lines, drop
    :claim:`ddp_to_fsdp2.diff.lines.removed` and add :claim:`ddp_to_fsdp2.diff.lines.added` of the
-   :claim:`ddp_to_fsdp2.diff.lines.before` that run in the DDP script below: build the model the
+   :claim:`ddp_to_fsdp2.diff.lines.ddp_script` that run in the DDP script below: build the model the
    same on every rank, a mesh, ``fully_shard`` each block then the root, the optimizer after
    that, ``MixedPrecisionPolicy`` instead of autocast, ``set_requires_gradient_sync`` instead of
    ``no_sync()``, and a DCP checkpoint instead of rank 0's ``torch.save``. Both scripts, run here
