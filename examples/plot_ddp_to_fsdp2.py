@@ -11,7 +11,7 @@ Switch from DDP to FSDP2: the whole script
    same on every rank, a mesh, ``fully_shard`` each block then the root, the optimizer after
    that, ``MixedPrecisionPolicy`` instead of autocast, ``set_requires_gradient_sync`` instead of
    ``no_sync()``, and a DCP checkpoint instead of rank 0's ``torch.save``. Both scripts, run here
-   on gloo ranks, train exactly as one process does (largest loss gap
+   on gloo ranks, train as one process does, up to floating-point reordering (largest loss gap
    :claim:`ddp_to_fsdp2.max_loss_gap <unit>`), and each loads its checkpoint bit for bit.
    **Stay on DDP** while the model state fits one GPU: per step FSDP2 sent
    :claim:`ddp_to_fsdp2.bytes_ratio <unit>` bytes here, and for Llama-3.2-1B on one 8-GPU node,
