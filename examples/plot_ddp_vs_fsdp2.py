@@ -15,6 +15,10 @@ DDP and FSDP2 train the same model
 Measured on CPU gloo processes (tiny models, two shared cores); the bytes per step are the ring
 model's prediction for the calls FSDP2 and DDP issue, and labelled so.
 
+**Switching a DDP script?** :doc:`plot_ddp_to_fsdp2` has the whole script before and after (process
+group and device, mesh, ``fully_shard``, the optimizer's place, mixed precision, gradient
+accumulation, clipping, a DCP checkpoint), run and checked, with the diff counted.
+
 The code to copy is the next block: plain PyTorch, nothing else. The rest of the page trains one
 mini transformer three ways on the same global batches (one process on the full batch; DDP; FSDP2,
 each rank fed its own slice of every batch) and **fails the docs build** if any step disagrees.

@@ -28,6 +28,25 @@ FSDP1 (``FullyShardedDataParallel(model, ...)``)         FSDP2 (``fully_shard(mo
 ``use_orig_params=True``                                 always: every parameter is a ``DTensor``
 =======================================================  ===============================================
 
+Five more FSDP1 arguments have an FSDP2 spelling that another page runs and checks:
+
+=======================================================  ===============================================
+FSDP1                                                    FSDP2, and the page that runs it
+=======================================================  ===============================================
+``forward_prefetch=True``                                ``block.set_modules_to_forward_prefetch([...])``
+                                                         (:doc:`plot_prefetch_and_units`)
+``backward_prefetch=BackwardPrefetch.BACKWARD_PRE``      ``block.set_modules_to_backward_prefetch([...])``
+                                                         (:doc:`plot_prefetch_and_units`)
+``cpu_offload=CPUOffload(offload_params=True)``          ``offload_policy=CPUOffloadPolicy()``
+                                                         (:doc:`plot_cpu_offload`)
+``sync_module_states=True``                              build on ``meta``, then ``set_model_state_dict(
+                                                         ..., broadcast_from_rank0=True)``
+                                                         (:doc:`plot_finetune_lora`, :doc:`plot_checkpoint`)
+``with FSDP.summon_full_params(model):``                 ``model.unshard()`` ... ``model.reshard()``, or
+                                                         ``p.full_tensor()`` per parameter
+                                                         (:doc:`plot_prefetch_and_units`, :doc:`plot_checkpoint`)
+=======================================================  ===============================================
+
 ``reshard_after_forward=None`` means ``True`` for every block and ``False`` for the root, whose
 parameters backward needs first: FSDP1's ``FULL_SHARD`` does the same (its root keeps its flat
 parameter after forward). An explicit ``True`` also frees the root's, and gathers it once more in

@@ -26,7 +26,8 @@ LAYERS = (
     "guide.reference", "guide.precision", "guide.saved_tensors", "guide.tensor_parallel",
     "guide.experts",
     "guide.compiled", "guide.checkpoint_verify", "guide.checkpoint", "guide.hangs", "guide.report",
-    "guide.rendered", "guide.rendered_tables", "guide.page", "guide.plotting", "guide.memory.cli",
+    "guide.script_diff", "guide.rendered", "guide.rendered_tables", "guide.page", "guide.plotting",
+    "guide.memory.cli",
     "guide.memory.widget", "guide.memory.__main__", "guide", "guide.pitfalls",
 )
 

@@ -635,7 +635,9 @@ SEARCH_FIRST = {"reshard_after_forward": "auto_examples/plot_reshard_after_forwa
                 "CPUOffloadPolicy": "auto_examples/plot_cpu_offload.html",
                 "set_requires_gradient_sync": "auto_examples/plot_gradient_accumulation.html",
                 "shard_placement_fn": "auto_examples/plot_experts_mesh.html",
-                "experts": "auto_examples/plot_experts_mesh.html"}
+                "experts": "auto_examples/plot_experts_mesh.html",
+                "DDP to FSDP2": "auto_examples/plot_ddp_to_fsdp2.html",
+                "switch from DDP": "auto_examples/plot_ddp_to_fsdp2.html"}
 #: Pages that must not crowd the top of a result list.
 SEARCH_LOW = ("pages/ledger.html", "api.html")
 
