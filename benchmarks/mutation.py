@@ -78,6 +78,15 @@ SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
     # issue 38: the strict scan of rendered numbers, and its reverse (recorded tables rendered)
     "guide.rendered": ("src/guide/rendered.py", ("guide.rendered.*",)),
     "guide.rendered_tables": ("src/guide/rendered_tables.py", ("guide.rendered_tables.*",)),
+    # this batch's modules (issues 33-36)
+    "guide.memory.budget": ("src/guide/memory/budget.py", ("guide.memory.budget.*",)),
+    "guide.memory.fit": ("src/guide/memory/fit.py", ("guide.memory.fit.*",)),
+    "guide.memory.oom": ("src/guide/memory/oom.py", ("guide.memory.oom.*",)),
+    "guide.memory.offload": ("src/guide/memory/offload.py", ("guide.memory.offload.*",)),
+    "guide.host_copies": ("src/guide/host_copies.py", ("guide.host_copies.*",)),
+    "guide.script_diff": ("src/guide/script_diff.py", ("guide.script_diff.*",)),
+    "guide.experts": ("src/guide/experts.py", ("guide.experts.*",)),
+    "guide.page": ("src/guide/page.py", ("guide.page.*",)),
 }
 
 #: Kill rate every module must reach.
