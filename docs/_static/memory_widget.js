@@ -322,7 +322,7 @@
     "zero1": "ZeRO-1",
     "zero2": "ZeRO-2 (paper)"
    },
-   "source_hash": "92cf88553363",
+   "source_hash": "055b33830ac7",
    "strategies": [
     "ddp",
     "zero1",
