@@ -1018,6 +1018,8 @@
    * parser against it). */
   M.formInputs = () => Object.fromEntries([...FIELDS.map((f) => [f[0], f[4]]),
     ...ARCH.map((a) => [a[0], a[2]]), ["tied", "--tied"]]);
+  /** The parameters a shared link carries (each input's default). */
+  M.linkDefaults = () => ({ ...DEFAULTS });
   const DEFAULTS = { preset: "llama-3-8b", precision: "bf16_mixed", optimizer: "adamw",
     seq_len: "4096", micro_batch: "1", checkpointing: "none", gpu: "H100 (80 GB)", gib: "",
     world_size: "8", strategy: "all", shard_group: String(DATA.default_shard_group || 8),
