@@ -437,6 +437,7 @@ def test_browser_widget_fits_a_phone_in_both_themes_and_the_compact_form(tmp_pat
     ("?world_size=100000000", "Number of GPUs must be at most 16,384, got 100000000."),
     ("?attention=flash", 'unknown attention "flash"; choose one of fused, unfused.'),
     ("?bucket_view=yes", 'unknown gradient_as_bucket_view "yes"; choose one of false, true.'),
+    ("?cpu_offload=yes", 'unknown CPU offload "yes"; choose one of false, true.'),
 ])
 def test_browser_a_bad_shared_link_is_named_not_replaced(tmp_path, query, message):
     """A link with an unknown model gets no other model's numbers: the message names the value
@@ -482,4 +483,23 @@ def test_browser_lora_rank_is_an_input(tmp_path):
         assert text.startswith("FSDP2, LoRA rank 16 on every linear, base frozen in bf16: "
                                f"{format_bytes(total)} on rank 0 at N = 8 "), text
         assert "lora_rank=16" in page.evaluate("location.href")
+    assert errors == []
+
+
+def test_browser_cpu_offload_is_an_input(tmp_path):
+    """Turn FSDP2's CPU offload on: the widget adds guide-memory --cpu-offload's numbers, each
+    as the command prints it, and the link carries the choice."""
+    with widget_page(tmp_path) as (page, errors, _):
+        assert page.locator(".memory-widget table.mw-offload").count() == 0
+        page.get_by_label("FSDP2 CPU offload").select_option("true")
+        page.wait_for_selector(".memory-widget table.mw-offload")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            main(["--preset", "llama-3-8b", "-N", "8", "--seq-len", "4096", "--cpu-offload",
+                  "--json"])
+        (row,) = json.loads(out.getvalue())["cpu_offload"]["rows"]
+        for part in ("gpu_without", "gpu_saved", "gpu_with", "host", "to_device", "to_host"):
+            cell = page.locator(f'.memory-widget table.mw-offload [data-part="{part}"]')
+            assert cell.inner_text() == format_bytes(row[part]), part
+        assert "cpu_offload=true" in page.evaluate("location.href")
     assert errors == []

@@ -1,6 +1,7 @@
 /* "Will it fit?": the site's memory model (guide.memory.fit) in the browser.
  *
- * A port of guide.memory.fit, guide.memory.predicted and guide.memory.activations to JavaScript,
+ * A port of guide.memory.fit, guide.memory.predicted and guide.memory.activations to JavaScript
+ * (and of guide-memory's --lora-rank and --cpu-offload: guide.memory.finetune, guide.memory.offload),
  * bytes as BigInt. tests/test_calculator_widget.py compares every number it computes with the
  * Python model's on hundreds of configurations; the DATA block below is written by
  * `python -m guide.memory.widget`, which stamps the hash of the Python model's sources the port
