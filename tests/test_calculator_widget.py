@@ -41,6 +41,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1440, "height": 900}
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "_build" / "screenshots"
+#: Fields of each row of ``--cpu-offload`` (the JSON's ``cpu_offload``) compared.
+OFFLOAD_FIELDS = ("N", "gpu_without", "gpu_saved", "gpu_with", "host", "to_device", "to_host")
 #: Fields of each row compared, besides the configuration-wide ones.
 ROW_FIELDS = ("label", "shard_group", "params", "unsharded", "grads", "optimizer", "buckets",
               "activations", "autocast", "buffers", "total", "fits", "headroom")
@@ -62,8 +64,10 @@ def configurations(count: int = CHECKED_CONFIGS, seed: int = 2026) -> list[dict]
     """Every preset x precision x optimizer x checkpointing, then random shapes, up to ``count``;
     the first two take N = 1 and N = 4,096. Each also draws guide-memory's three switches
     (``--unfused-attention``, ``--bucket-view``, the analytic ``zero2`` strategy) from a second
-    generator, so the draws above are the ones they always were."""
+    generator, and ``--cpu-offload`` (shapes only: the command refuses it for a parameter count)
+    from a third, so the draws above are the ones they always were."""
     rng, switches = random.Random(seed), random.Random(seed + 1)
+    offload = random.Random(seed + 2)
     gpus = list(GPU_BYTES)
 
     def common(cfg: dict, max_seq: int | None) -> dict:
@@ -79,6 +83,7 @@ def configurations(count: int = CHECKED_CONFIGS, seed: int = 2026) -> list[dict]
         out["bucket_view"] = switches.random() < 0.5
         if switches.random() < 0.5:
             out["strategies"] = [*out["strategies"], "zero2"]
+        out["cpu_offload"] = offload.random() < 0.5 and "params" not in cfg
         return out
 
     out = []
@@ -114,11 +119,13 @@ def configurations(count: int = CHECKED_CONFIGS, seed: int = 2026) -> list[dict]
 
 
 def assert_switches_drawn(cfgs: list[dict]) -> None:
-    """The configurations take guide-memory's three switches both ways: attention fused and
+    """The configurations take guide-memory's switches both ways: attention fused and
     unfused (on shapes, where activations are priced), DDP's buckets kept and dropped, the
-    paper's ZeRO-2 asked for and not."""
+    paper's ZeRO-2 asked for and not, FSDP2's CPU offload on and off (on shapes)."""
     shaped = [c for c in cfgs if "params" not in c]
     assert {c["unfused_attention"] for c in shaped} == {False, True}
+    assert {c["cpu_offload"] for c in shaped} == {False, True}
+    assert not any(c["cpu_offload"] for c in cfgs if "params" in c)
     assert {c["bucket_view"] for c in cfgs} == {False, True}
     assert {"zero2" in c["strategies"] for c in cfgs} == {False, True}
     counted = [c for c in cfgs if "params" in c]  # from configuration #288 on
@@ -141,6 +148,7 @@ def python_report(cfg: dict) -> dict:
              "--shard-group", str(cfg["shard_group"]),
              *(["--unfused-attention"] if cfg.get("unfused_attention") else []),
              *(["--bucket-view"] if cfg.get("bucket_view") else []),
+             *(["--cpu-offload"] if cfg.get("cpu_offload") else []),
              *(["--gpu", cfg["gpu"]] if "gpu" in cfg else ["--gpu-memory", cfg["gib"]]), "--json"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -156,7 +164,14 @@ def _python(i: int) -> dict:
 
 def _reports(count: int = CHECKED_CONFIGS) -> tuple[list[dict], list[dict]]:
     """The first ``count`` configurations and guide-memory's report of each."""
-    return configurations()[:count], [_python(i) for i in range(count)]
+    return _reports_at(range(count))
+
+
+def _reports_at(indices) -> tuple[list[dict], list[dict]]:
+    """The configurations at ``indices`` (of :func:`configurations`) and guide-memory's report
+    of each."""
+    cfgs = configurations()
+    return [cfgs[i] for i in indices], [_python(i) for i in indices]
 
 
 _JS_REPORTS = """cfgs => cfgs.map(c => {
@@ -172,10 +187,13 @@ def _text(v):
     return v if v is None or isinstance(v, (bool, str)) else str(v)
 
 
-def compare(cfgs: list[dict], js: list[dict], py: list[dict]) -> tuple[str | None, int, int]:
-    """(the first difference, naming its configuration, or None; numbers compared; the largest
-    absolute difference between two numbers that both models gave)."""
+def compare(cfgs: list[dict], js: list[dict], py: list[dict],
+            numbers=None) -> tuple[str | None, int, int]:
+    """(the first difference, naming its configuration (its number in ``numbers``, else its
+    place in ``cfgs``), or None; numbers compared; the largest absolute difference between two
+    numbers that both models gave)."""
     compared, largest, first = 0, 0, None
+    numbers = list(range(len(cfgs))) if numbers is None else list(numbers)
 
     def same(i: int, what: str, a, b) -> None:
         nonlocal compared, largest, first
@@ -185,7 +203,7 @@ def compare(cfgs: list[dict], js: list[dict], py: list[dict]) -> tuple[str | Non
                 and b.lstrip("-").isdigit():
             largest = max(largest, abs(int(a) - int(b)))
         if a != b and first is None:
-            first = (f"configuration #{i} {json.dumps(cfgs[i], sort_keys=True)}: {what}: "
+            first = (f"configuration #{numbers[i]} {json.dumps(cfgs[i], sort_keys=True)}: {what}: "
                      f"the widget gives {a!r}, guide-memory --json {b!r}")
 
     for i, (j, p) in enumerate(zip(js, py, strict=True)):
@@ -203,6 +221,15 @@ def compare(cfgs: list[dict], js: list[dict], py: list[dict]) -> tuple[str | Non
         for jr, pr in zip(j["rows"], p["rows"]):
             for field in ROW_FIELDS:
                 same(i, f"{pr['strategy']} at N={pr['N']}: {field}", jr.get(field), pr[field])
+        same(i, "cpu_offload", "cpu_offload" in j, "cpu_offload" in p)
+        if "cpu_offload" in j and "cpu_offload" in p:
+            jo, po = j["cpu_offload"], p["cpu_offload"]
+            same(i, "cpu_offload: estimate", jo.get("estimate"), po["estimate"])
+            same(i, "cpu_offload: rows", len(jo["rows"]), len(po["rows"]))
+            for jr, pr in zip(jo["rows"], po["rows"]):
+                same(i, f"cpu_offload at N={pr['N']}: fields", sorted(jr), sorted(pr))
+                for field in OFFLOAD_FIELDS:
+                    same(i, f"cpu_offload at N={pr['N']}: {field}", jr.get(field), pr[field])
     return first, compared, largest
 
 
@@ -410,6 +437,7 @@ def test_browser_widget_fits_a_phone_in_both_themes_and_the_compact_form(tmp_pat
     ("?world_size=100000000", "Number of GPUs must be at most 16,384, got 100000000."),
     ("?attention=flash", 'unknown attention "flash"; choose one of fused, unfused.'),
     ("?bucket_view=yes", 'unknown gradient_as_bucket_view "yes"; choose one of false, true.'),
+    ("?cpu_offload=yes", 'unknown CPU offload "yes"; choose one of false, true.'),
 ])
 def test_browser_a_bad_shared_link_is_named_not_replaced(tmp_path, query, message):
     """A link with an unknown model gets no other model's numbers: the message names the value
@@ -455,4 +483,23 @@ def test_browser_lora_rank_is_an_input(tmp_path):
         assert text.startswith("FSDP2, LoRA rank 16 on every linear, base frozen in bf16: "
                                f"{format_bytes(total)} on rank 0 at N = 8 "), text
         assert "lora_rank=16" in page.evaluate("location.href")
+    assert errors == []
+
+
+def test_browser_cpu_offload_is_an_input(tmp_path):
+    """Turn FSDP2's CPU offload on: the widget adds guide-memory --cpu-offload's numbers, each
+    as the command prints it, and the link carries the choice."""
+    with widget_page(tmp_path) as (page, errors, _):
+        assert page.locator(".memory-widget table.mw-offload").count() == 0
+        page.get_by_label("FSDP2 CPU offload").select_option("true")
+        page.wait_for_selector(".memory-widget table.mw-offload")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            main(["--preset", "llama-3-8b", "-N", "8", "--seq-len", "4096", "--cpu-offload",
+                  "--json"])
+        (row,) = json.loads(out.getvalue())["cpu_offload"]["rows"]
+        for part in ("gpu_without", "gpu_saved", "gpu_with", "host", "to_device", "to_host"):
+            cell = page.locator(f'.memory-widget table.mw-offload [data-part="{part}"]')
+            assert cell.inner_text() == format_bytes(row[part]), part
+        assert "cpu_offload=true" in page.evaluate("location.href")
     assert errors == []

@@ -1,6 +1,7 @@
 /* "Will it fit?": the site's memory model (guide.memory.fit) in the browser.
  *
- * A port of guide.memory.fit, guide.memory.predicted and guide.memory.activations to JavaScript,
+ * A port of guide.memory.fit, guide.memory.predicted and guide.memory.activations to JavaScript
+ * (and of guide-memory's --lora-rank and --cpu-offload: guide.memory.finetune, guide.memory.offload),
  * bytes as BigInt. tests/test_calculator_widget.py compares every number it computes with the
  * Python model's on hundreds of configurations; the DATA block below is written by
  * `python -m guide.memory.widget`, which stamps the hash of the Python model's sources the port
@@ -322,7 +323,7 @@
     "zero1": "ZeRO-1",
     "zero2": "ZeRO-2 (paper)"
    },
-   "source_hash": "c778a4681975",
+   "source_hash": "055b33830ac7",
    "strategies": [
     "ddp",
     "zero1",
@@ -355,8 +356,9 @@
   // -- the model: a line-by-line port; every function is called through M so a test can patch one.
   const M = {};
 
-  /** One shape per parameter tensor, in the order of Architecture.param_shapes. */
-  M.paramShapes = function (a) {
+  /** [embeddings, one layer, tail] (Architecture._parts): the tail is the final norm and,
+   * unless tied, the head. */
+  M.archParts = function (a) {
     const h = a.hidden, f = a.mlp;
     const kv = (a.kv_heads || a.heads) * Math.floor(h / a.heads);
     const norm = a.layernorm ? [[h], [h]] : [[h]];
@@ -365,12 +367,25 @@
       : [...linear(f, h), ...linear(h, f)];
     const layer = [...norm, ...linear(h, h), ...linear(kv, h), ...linear(kv, h), ...linear(h, h),
       ...norm, ...mlp];
-    const shapes = [[a.vocab, h]];
-    if (a.learned_positions) shapes.push([a.max_seq_len || 0, h]);
+    const embeddings = [[a.vocab, h]];
+    if (a.learned_positions) embeddings.push([a.max_seq_len || 0, h]);
+    return [embeddings, layer, [...norm, ...(a.tied_embeddings ? [] : [[a.vocab, h]])]];
+  };
+
+  /** One shape per parameter tensor, in the order of Architecture.param_shapes. */
+  M.paramShapes = function (a) {
+    const [embeddings, layer, tail] = M.archParts(a);
+    const shapes = [...embeddings];
     for (let i = 0; i < a.layers; i++) shapes.push(...layer);
-    shapes.push(...norm);
-    if (!a.tied_embeddings) shapes.push([a.vocab, h]);
+    shapes.push(...tail);
     return shapes;
+  };
+
+  /** The fully_shard units (Architecture.fsdp2_units): the root (embeddings and tail), then
+   * one unit per layer. */
+  M.fsdp2Units = function (a) {
+    const [embeddings, layer, tail] = M.archParts(a);
+    return [[...embeddings, ...tail], ...Array.from({ length: a.layers }, () => layer.slice())];
   };
 
   M.numel = (shape) => shape.reduce((p, d) => p * B(d), 1n);
@@ -632,7 +647,61 @@
             total: sb.params + sb.grads + sb.optimizer };
         }) };
     }
+    if (cfg.cpu_offload && !counted) {  // guide-memory --cpu-offload
+      report.cpu_offload = M.cpuOffload(arch, shapes, cfg, activations);
+    }
     return report;
+  };
+
+  // -- FSDP2's CPUOffloadPolicy (guide.memory.offload) ------------------------------------------
+
+  /** The host-device bytes of one synced micro-batch on `rank` (offload.offload_traffic):
+   * each unit's padded shard in (the root gathered once, every other unit twice when it
+   * reshards after forward), each parameter's real gradient shard out. */
+  M.offloadTraffic = function (units, n, precision, rank = 0, reshardAfterForward = true) {
+    const p = DATA.precisions[precision];
+    let toDevice = 0n, toHost = 0n, copiesIn = 0, copiesOut = 0;
+    const split = new Map();  // M.chunkSizes once per distinct dim 0: the blocks repeat
+    units.forEach((unit, u) => {
+      const gathers = u === 0 || !reshardAfterForward ? 1n : 2n;
+      let padded = 0n, real = 0n;
+      for (const shape of unit) {
+        const [dim0, row] = M.rows(shape);
+        if (!split.has(dim0)) split.set(dim0, M.chunkSizes(dim0, n));
+        const sizes = split.get(dim0);
+        padded += sizes[0] * row;
+        real += sizes[rank] * row;
+      }
+      toDevice += gathers * padded * B(p.param);
+      toHost += real * B(p.grad);
+      copiesIn += Number(gathers) * unit.length;
+      copiesOut += unit.length;
+    });
+    return { to_device: toDevice, to_host: toHost, to_device_copies: copiesIn,
+      to_host_copies: copiesOut };
+  };
+
+  /** The FSDP2 model state the fullest rank moves to the host (offload.offload_memory): its
+   * gpu_saved, equal to the host RAM it needs. */
+  M.offloadMemory = function (shapes, n, precision, optimizer) {
+    const s = M.perRankStateBytes(shapes, "fsdp2", n, precision, optimizer, false);
+    const moved = s.params + s.grads + s.optimizer;
+    return { params: s.params, grads: s.grads, optimizer: s.optimizer, gpu_saved: moved,
+      host: moved };
+  };
+
+  /** guide-memory --cpu-offload (cli._offload): per N, FSDP2's fullest GPU without and with
+   * CPUOffloadPolicy, the host bytes per rank and the host-device bytes per micro-batch. */
+  M.cpuOffload = function (arch, shapes, cfg, activations) {
+    return { estimate: "GPU-only, predicted", rows: cfg.world_sizes.map((n) => {
+      const gpu = M.perGpu(shapes, "fsdp2", n, cfg.precision, cfg.optimizer, activations,
+        cfg.shard_group, arch, false);
+      const moved = M.offloadMemory(shapes, n, cfg.precision, cfg.optimizer);
+      const traffic = M.offloadTraffic(M.fsdp2Units(arch), n, cfg.precision);
+      return { N: n, gpu_without: gpu.total, gpu_saved: moved.gpu_saved,
+        gpu_with: gpu.total - moved.gpu_saved, host: moved.host, to_device: traffic.to_device,
+        to_host: traffic.to_host };
+    }) };
   };
 
   // -- fine-tuning: a frozen base and LoRA adapters (guide.memory.finetune) ----------------------
@@ -735,6 +804,9 @@
   /** guide-memory --bucket-view: DDP's gradient_as_bucket_view, as a link spells it. */
   const BUCKET_VIEW = ["false", "true"];
 
+  /** guide-memory --cpu-offload: FSDP2's CPUOffloadPolicy, as a link spells it. */
+  const CPU_OFFLOAD = ["false", "true"];
+
   /** How the widget names each choice in a message, and the choices it accepts. */
   const CHOICES = {  // in guide-memory's order (DATA.order), so both sides list them alike
     preset: ["model", () => [...DATA.order.presets, "custom", "count"]],
@@ -746,6 +818,7 @@
     gpu: ["GPU", () => [...DATA.order.gpus, "custom"]],
     attention: ["attention", () => ATTENTION],
     bucket_view: ["gradient_as_bucket_view", () => BUCKET_VIEW],
+    cpu_offload: ["CPU offload", () => CPU_OFFLOAD],
   };
 
   /** One message per choice in `raw` that is not one of its options (a shared link's typo). */
@@ -782,6 +855,12 @@
     }
     int("world_size"); int("shard_group");
     if (cfg.world_size) cfg.world_sizes = [cfg.world_size];
+    if (raw.cpu_offload === "true") {
+      if (raw.preset === "count") {
+        errors.push("CPU offload prices FSDP2's shards unit by unit: choose a model or a " +
+          "custom shape, not a parameter count.");
+      } else cfg.cpu_offload = true;
+    }
     if (String(raw.lora_rank ?? "").trim() !== "") {
       if (raw.preset === "count") {
         errors.push("LoRA rank adds adapters to every linear: choose a model or a custom " +
@@ -912,33 +991,43 @@
  margin-right:.3em;vertical-align:-.1em;background:var(--sw)}
 `;
 
-  const FIELDS = [  // [key, label, kind, compact?]
-    ["preset", "Model", "select", true],
-    ["params", "Parameters (e.g. 70e9)", "num", true],
-    ["precision", "Precision", "select", false],
-    ["optimizer", "Optimizer", "select", false],
-    ["seq_len", "Sequence length (tokens)", "int", true],
-    ["micro_batch", "Micro-batch (sequences per GPU)", "int", false],
-    ["checkpointing", "Activation checkpointing", "select", false],
-    ["attention", "Attention", "select", false],
-    ["gpu", "GPU", "select", true],
-    ["gib", "GPU memory (GiB)", "num", true],
-    ["world_size", "Number of GPUs (N)", "int", true],
-    ["strategy", "Strategy", "select", false],
-    ["shard_group", "HSDP shard group (GPUs)", "int", false],
-    ["bucket_view", "DDP gradient_as_bucket_view", "select", false],
-    ["lora_rank", "LoRA rank (blank: train everything)", "int", false],
-    ["base_precision", "LoRA: frozen base in", "select", false],
+  const FIELDS = [  // [key, label, kind, compact?, the guide-memory option it is]
+    ["preset", "Model", "select", true, "--preset"],
+    ["params", "Parameters (e.g. 70e9)", "num", true, "--params"],
+    ["precision", "Precision", "select", false, "--precision"],
+    ["optimizer", "Optimizer", "select", false, "--optimizer"],
+    ["seq_len", "Sequence length (tokens)", "int", true, "--seq-len"],
+    ["micro_batch", "Micro-batch (sequences per GPU)", "int", false, "--micro-batch"],
+    ["checkpointing", "Activation checkpointing", "select", false, "--activation-checkpointing"],
+    ["attention", "Attention", "select", false, "--unfused-attention"],
+    ["gpu", "GPU", "select", true, "--gpu"],
+    ["gib", "GPU memory (GiB)", "num", true, "--gpu-memory"],
+    ["world_size", "Number of GPUs (N)", "int", true, "--world-size"],
+    ["strategy", "Strategy", "select", false, "--strategy"],
+    ["shard_group", "HSDP shard group (GPUs)", "int", false, "--shard-group"],
+    ["bucket_view", "DDP gradient_as_bucket_view", "select", false, "--bucket-view"],
+    ["lora_rank", "LoRA rank (blank: train everything)", "int", false, "--lora-rank"],
+    ["base_precision", "LoRA: frozen base in", "select", false, "--base-precision"],
+    ["cpu_offload", "FSDP2 CPU offload", "select", false, "--cpu-offload"],
   ];
-  const ARCH = [["layers", "Layers"], ["hidden", "Hidden size"], ["heads", "Attention heads"],
-    ["kv_heads", "KV heads (blank: = heads)"], ["vocab", "Vocabulary"], ["mlp", "MLP size"],
-    ["max_seq_len", "Longest sequence (blank: unknown)"]];
+  const ARCH = [["layers", "Layers", "--layers"], ["hidden", "Hidden size", "--hidden"],
+    ["heads", "Attention heads", "--heads"], ["kv_heads", "KV heads (blank: = heads)",
+      "--kv-heads"], ["vocab", "Vocabulary", "--vocab"], ["mlp", "MLP size", "--mlp"],
+    ["max_seq_len", "Longest sequence (blank: unknown)", "--max-seq-len"]];
+  /** Every input of the full form (its field, and its parameter in a shared link) with the
+   * guide-memory option it stands for (tests/memory/test_widget_js.py checks the command's
+   * parser against it). */
+  M.formInputs = () => Object.fromEntries([...FIELDS.map((f) => [f[0], f[4]]),
+    ...ARCH.map((a) => [a[0], a[2]]), ["tied", "--tied"]]);
+  /** The parameters a shared link carries (each input's default). */
+  M.linkDefaults = () => ({ ...DEFAULTS });
   const DEFAULTS = { preset: "llama-3-8b", precision: "bf16_mixed", optimizer: "adamw",
     seq_len: "4096", micro_batch: "1", checkpointing: "none", gpu: "H100 (80 GB)", gib: "",
     world_size: "8", strategy: "all", shard_group: String(DATA.default_shard_group || 8),
     params: "70e9", layers: "32", hidden: "4096", heads: "32", kv_heads: "8", vocab: "128256",
     mlp: "14336", max_seq_len: "",
-    tied: "", lora_rank: "", base_precision: "bf16", attention: "fused", bucket_view: "false" };
+    tied: "", lora_rank: "", base_precision: "bf16", attention: "fused", bucket_view: "false",
+    cpu_offload: "false" };
 
   function options(key) {
     switch (key) {
@@ -957,6 +1046,8 @@
         ["unfused", "unfused: keeps s × s scores"]];
       case "bucket_view": return [["false", "False (default): buckets"],
         ["true", "True: no buckets"]];
+      case "cpu_offload": return [["false", "off (default)"],
+        ["true", "CPUOffloadPolicy: shards on the host"]];
     }
     return [];
   }
@@ -1154,6 +1245,7 @@
         `${formatBytes(l.grads)}, optimizer ${formatBytes(l.optimizer)}; activations not ` +
         "included)." }));
     }
+    if (rep.cpu_offload) nodes.push(...offloadTable(rep.cpu_offload));
     if (!compact) {
       nodes.push(el("p", { class: "mw-buckets", text: rep.ddp_buckets
         ? "DDP buckets: held by DDP and ZeRO-1 with gradient_as_bucket_view=False (the " +
@@ -1166,6 +1258,29 @@
     share.textContent = compact ? "Open in the full calculator →" : "Link to this result";
     nodes.push(el("p", {}, [share]));
     return nodes;
+  }
+
+  /** guide-memory --cpu-offload's table, one N: a row per column of the command's. */
+  const OFFLOAD_ROWS = [["gpu_without", "GPU, without offload"],
+    ["gpu_saved", "GPU saved (moved to the host)"], ["gpu_with", "GPU, with offload"],
+    ["host", "host RAM per rank"], ["to_device", "host → device per synced micro-batch"],
+    ["to_host", "device → host per synced micro-batch"]];
+
+  function offloadTable(offload) {
+    const o = offload.rows[0];
+    const table = el("table", { class: "mw-offload" }, [el("caption", { text:
+      `FSDP2 + CPUOffloadPolicy (${offload.estimate}) at N = ${grouped(o.N)}` })]);
+    const body = el("tbody");
+    for (const [k, label] of OFFLOAD_ROWS) {
+      body.append(el("tr", {}, [el("th", { scope: "row", text: label }),
+        el("td", { "data-part": k, text: formatBytes(o[k]) })]));
+    }
+    table.append(body);
+    return [el("div", { class: "mw-scroll" }, [table]), el("p", { class: "mw-offload-note",
+      text: "The shards, their gradients and the optimizer state move to the host (the " +
+        "optimizer steps on the CPU); activations and FSDP2's gathered buffers stay on the " +
+        "GPU. A node's host RAM must hold the host bytes for each of its GPUs. How long the " +
+        "copies take is not priced." })];
   }
 
   /** A stacked horizontal bar per strategy, with the GPU's memory as a dashed line. */

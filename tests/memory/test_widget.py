@@ -46,9 +46,9 @@ def test_a_widget_without_its_data_block_is_refused(tmp_path):
         widget.check(js)
 
 
-#: What the widget ports: fit_report, LoRA, the input checks and the display.
-ROOTS = ("guide.memory.fit", "guide.memory.finetune", "guide.memory.inputs",
-         "guide.memory.display")
+#: What the widget ports: fit_report, LoRA, CPU offload, the input checks and the display.
+ROOTS = ("guide.memory.fit", "guide.memory.finetune", "guide.memory.offload",
+         "guide.memory.inputs", "guide.memory.display")
 
 
 def _imports(module) -> set[tuple[str, str]]:
@@ -69,7 +69,7 @@ def test_every_source_the_model_imports_is_hashed():
     whole (fit.py was once left out), and each name from elsewhere is accounted for in OUTSIDE
     (its source hashed, its values in the DATA block, or named as not ported)."""
     hashed = {m.__name__ for m in widget.MIRRORED}
-    # what the widget ports: fit_report, LoRA, the input checks, the display
+    # what the widget ports: fit_report, LoRA, CPU offload, the input checks, the display
     seen, todo, outside = set(), list(ROOTS), set()
     while todo:
         name = todo.pop()
@@ -90,6 +90,33 @@ def test_every_source_the_model_imports_is_hashed():
     assert set(sources) == hashed | {k for k, v in widget.OUTSIDE.items() if v == "source"}
 
 
+def _reached(roots) -> set[str]:
+    """The guide.memory modules ``roots`` are and import, followed to the end."""
+    seen, todo = set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += [m for m, _ in _imports(importlib.import_module(name))
+                     if m.startswith("guide.memory.")]
+    return seen
+
+
+def test_every_model_module_the_command_uses_is_followed():
+    """The widget ports every model input of guide-memory (tests/memory/test_widget_js.py
+    checks its options), so each guide.memory module cli.py imports is a root of the walk above
+    or reached from one: a module the command gains (as offload.py came with --cpu-offload)
+    cannot stay out of the stamp."""
+    from guide.memory import cli
+
+    used = {m for m, _ in _imports(cli) if m.startswith("guide.memory.")}
+    assert "guide.memory.offload" in used and "guide.memory.offload" in ROOTS
+    left = used - _reached(ROOTS)
+    assert not left, f"guide-memory uses {sorted(left)}, which the stamp test does not follow: " \
+        "add it to ROOTS (and to guide.memory.widget.MIRRORED)"
+    assert "guide.memory.offload" not in _reached(set(ROOTS) - {"guide.memory.offload"})
+
+
 def test_the_hash_changes_with_each_hashed_source(monkeypatch):
     """Each source counts: change any one and the stamp changes."""
     before = widget.source_hash()
@@ -104,11 +131,12 @@ def test_the_hash_changes_with_each_hashed_source(monkeypatch):
 
 def test_a_module_left_out_of_the_stamp_is_caught(monkeypatch):
     """The guard above fails when fit.py is dropped from MIRRORED (what happened once)."""
-    monkeypatch.setattr(widget, "MIRRORED",
-                        tuple(m for m in widget.MIRRORED if m.__name__ != "guide.memory.fit"))
-    with pytest.raises(AssertionError, match="guide.memory.fit"):
-        test_every_source_the_model_imports_is_hashed()
-    monkeypatch.undo()
+    for name in ("guide.memory.fit", "guide.memory.offload"):
+        monkeypatch.setattr(widget, "MIRRORED",
+                            tuple(m for m in widget.MIRRORED if m.__name__ != name))
+        with pytest.raises(AssertionError, match=name):
+            test_every_source_the_model_imports_is_hashed()
+        monkeypatch.undo()
     outside = {k: v for k, v in widget.OUTSIDE.items() if k != "guide.layout.chunk_sizes"}
     monkeypatch.setattr(widget, "OUTSIDE", outside)
     with pytest.raises(AssertionError, match="guide.layout.chunk_sizes"):

@@ -1,16 +1,18 @@
 """The browser calculator's input checks, rounding and assumptions line are the command's, sentence
-for sentence and digit for digit.
+for sentence and digit for digit; it takes every option of the command that is an input.
 
 ``docs/_static/memory_widget.js`` runs in Node (``tests/memory/widget_node.js`` loads it without a
 page) and every answer is compared with :mod:`guide.memory.inputs`, :mod:`guide.memory.display` and
 ``guide-memory`` itself: bad input (the inputs that crashed, hung or changed a number), ties at
-half a hundredth, an exact fit, the line of assumptions, LoRA fine-tuning. No browser needed: these
+half a hundredth, an exact fit, the line of assumptions, LoRA fine-tuning, CPU offload, and one
+field per option of ``guide-memory``'s parser. No browser needed: these
 run in the fast suite (the page-level behaviour is in ``tests/test_calculator_widget.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import random
@@ -20,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from guide.memory import PRECISIONS
+from guide.memory import PRECISIONS, PRESETS
+from guide.memory import cli as memory_cli
 from guide.memory.cli import main
 from guide.memory.display import fixed, format_bytes, smallest_text
 from guide.memory.inputs import (
@@ -32,6 +35,7 @@ from guide.memory.inputs import (
     parse_int,
     unknown,
 )
+from guide.memory.offload import offload_traffic
 from guide.optimizers import OPTIMIZERS
 
 HARNESS = Path(__file__).with_name("widget_node.js")
@@ -422,6 +426,9 @@ def test_the_switches_reach_the_assumptions_line():
     ("bucket_view", "True", 'unknown gradient_as_bucket_view "True"; choose one of false, true.'),
     ("strategy", "zero3", 'unknown strategy "zero3"; choose one of all, ddp, zero1, '
                           "fsdp2_no_reshard, fsdp2, hsdp, zero2."),
+    ("cpu_offload", "yes", 'unknown CPU offload "yes"; choose one of false, true.'),
+    ("cpu_offload", "1", 'unknown CPU offload "1"; choose one of false, true.'),
+    ("cpu_offload", "", 'unknown CPU offload ""; choose one of false, true.'),
 ])
 def test_a_shared_link_with_a_bad_switch_gets_no_numbers(key, value, message):
     """A link's value for a new input is checked like the others: the message names the value
@@ -429,3 +436,144 @@ def test_a_shared_link_with_a_bad_switch_gets_no_numbers(key, value, message):
     errors, parsed = js(["choiceErrors", {key: value}], ["parse", {**FORM, key: value}])
     assert errors == [message]
     assert "cfg" not in parsed and parsed["errors"] == [message]
+
+
+# -- guide-memory --cpu-offload: FSDP2's CPUOffloadPolicy ---------------------------------------
+
+CUSTOM = {"preset": "custom", "layers": "3", "hidden": "96", "heads": "6", "kv_heads": "2",
+          "vocab": "1001", "mlp": "200", "max_seq_len": "", "tied": True}
+CUSTOM_ARGV = ["--hidden", "96", "--heads", "6", "--kv-heads", "2", "--layers", "3", "--vocab",
+               "1001", "--mlp", "200", "--tied", "--seq-len", "4096", "-N", "8", "--shard-group",
+               "8", "--gpu", "H100 (80 GB)"]
+
+
+def _offload_text(report: dict) -> dict:
+    """The command's ``cpu_offload`` as the widget's report spells it (BigInts as strings)."""
+    return {**report["cpu_offload"],
+            "rows": [{k: (v if k == "N" else str(v)) for k, v in r.items()}
+                     for r in report["cpu_offload"]["rows"]]}
+
+
+@pytest.mark.parametrize(("setting", "argv"), [
+    ({}, ARGV),
+    ({"checkpointing": "full", "world_size": "64", "precision": "bf16"},
+     [*ARGV[:-6], "-N", "64", "--shard-group", "8", "--gpu", "H100 (80 GB)",
+      "--activation-checkpointing", "full", "--precision", "bf16"]),
+    ({"preset": "gpt2-xl", "seq_len": "1024", "optimizer": "sgd", "world_size": "7"},
+     ["--preset", "gpt2-xl", "--seq-len", "1024", "--optimizer", "sgd", "-N", "7",
+      "--shard-group", "8", "--gpu", "H100 (80 GB)"]),
+    (CUSTOM, CUSTOM_ARGV),
+])
+def test_cpu_offload_changes_the_bytes_in_both(setting, argv):
+    """Turn CPU offload on in the form and on the command line: both reports gain the same
+    offload bytes (the GPU keeps less, the host holds what it no longer keeps), and the rows of
+    every strategy stay as they were, in both. A port that ignored the switch would give no
+    offload table and fail here."""
+    raw = {**FORM, **setting}
+    _, py_off = cli([*argv, "--strategy", "all"])
+    _, py_on = cli([*argv, "--strategy", "all", "--cpu-offload"])
+    js_off = _form_report(raw)
+    js_on = _form_report({**raw, "cpu_offload": "true"})
+    assert _form_report({**raw, "cpu_offload": "false"}) == js_off
+    assert "cpu_offload" not in py_off and "cpu_offload" not in js_off
+    assert js_on["cpu_offload"] == _offload_text(py_on)
+    for part in ("total", "params", "activations"):
+        assert _bytes(js_on, part) == _bytes(js_off, part) == _bytes(py_on, part) \
+            == _bytes(py_off, part)
+    (row,) = py_on["cpu_offload"]["rows"]
+    fsdp2 = next(r for r in py_on["rows"] if r["strategy"] == "fsdp2")
+    assert row["gpu_without"] == fsdp2["total"] and 0 < row["gpu_saved"] == row["host"]
+    assert row["gpu_with"] == row["gpu_without"] - row["gpu_saved"] \
+        == fsdp2["activations"] + fsdp2["buffers"]
+    assert row["to_device"] > 0 and row["to_host"] > 0
+
+
+@pytest.mark.parametrize("preset", ["gpt2-xl", "llama-3.2-1b", "llama-3.1-405b"])
+@pytest.mark.parametrize("precision", ["bf16_mixed", "fp32", "zero_mixed"])
+def test_cpu_offload_in_the_widget_is_the_commands_for_each_n(preset, precision):
+    """Several N at once (as the command takes them), N = 1, 7 (uneven shards), 4,096."""
+    sizes = [1, 7, 8, 4096]
+    cfg = {"preset": preset, "precision": precision, "optimizer": "adamw",
+           "checkpointing": "selective", "seq_len": 512, "micro_batch": 2, "world_sizes": sizes,
+           "shard_group": 8, "strategies": ["fsdp2"], "gpu": "H100 (80 GB)", "cpu_offload": True}
+    (rep,) = js(["fitReport", cfg])
+    _, py = cli(["--preset", preset, "--precision", precision, "--seq-len", "512",
+                 "--micro-batch", "2", "--activation-checkpointing", "selective", "-N",
+                 *map(str, sizes), "--strategy", "fsdp2", "--cpu-offload"])
+    assert rep["cpu_offload"] == _offload_text(py)
+
+
+@pytest.mark.parametrize(("rank", "reshard", "n"), [(0, True, 8), (3, True, 8), (6, False, 7),
+                                                    (0, False, 1)])
+def test_offload_traffic_and_units_are_the_pythons(rank, reshard, n):
+    """The port's fully_shard units and host-device bytes, rank and resharding included."""
+    arch = PRESETS["gpt2-xl"]
+    units = [[list(s) for s in u] for u in arch.fsdp2_units()]
+    got_units, traffic = js(["fsdp2Units", dataclasses.asdict(arch)],
+                            ["offloadTraffic", units, n, "bf16_mixed", rank, reshard])
+    assert got_units == units
+    want = offload_traffic(arch.fsdp2_units(), n, "bf16_mixed", rank=rank,
+                           reshard_after_forward=reshard)
+    assert traffic == {k: str(v) if k in ("to_device", "to_host") else v
+                       for k, v in dataclasses.asdict(want).items()}
+
+
+def test_a_parameter_count_has_no_cpu_offload(capsys):
+    raw = {**FORM, "preset": "count", "params": "7e9", "cpu_offload": "true"}
+    (got,) = js(["parse", raw])
+    assert got["errors"] == ["CPU offload prices FSDP2's shards unit by unit: choose a model or "
+                             "a custom shape, not a parameter count."]
+    with pytest.raises(SystemExit):
+        main(["--params", "7e9", "--cpu-offload"])
+    assert "--cpu-offload prices FSDP2's shards unit by unit" in capsys.readouterr().err
+    (off,) = js(["parse", {**raw, "cpu_offload": "false"}])
+    assert "cfg" in off and not off["cfg"].get("cpu_offload")
+
+
+# -- every option of guide-memory is an input of the widget --------------------------------------
+
+#: guide-memory's options that are not inputs of the model, so the widget has no field for them.
+EXEMPT = {
+    "--help": "argparse's own help",
+    "--json": "the output's format (the widget draws its table; tests read fitReport directly)",
+    "--unit": "display only: one unit for every value of the table (cli.main's format_bytes "
+              "calls); the widget gives each value its own unit, as --unit auto does",
+}
+
+
+def _options(parser) -> set[str]:
+    """Each option of an argparse parser, by its first long name (``--world-size``, not
+    ``-N``), read from the parser's actions."""
+    return {next(o for o in a.option_strings if o.startswith("--"))
+            for a in parser._actions if a.option_strings}
+
+
+def test_every_option_of_the_command_is_a_widget_input():
+    """guide-memory's parser, read as it is: each option is a field of the widget's form (and a
+    parameter of its shared link), except the few in EXEMPT; and no input stands for an option
+    the command no longer has."""
+    options = _options(memory_cli._parser())
+    inputs, link = js(["formInputs"], ["linkDefaults"])
+    missing = options - set(inputs.values()) - set(EXEMPT)
+    assert not missing, f"guide-memory has {sorted(missing)} but the widget has no input for " \
+        "it: add a field to docs/_static/memory_widget.js's FIELDS (with its option), or, if it " \
+        "is not an input of the model, to EXEMPT with the reason"
+    assert set(inputs.values()) <= options, sorted(set(inputs.values()) - options)
+    assert len(set(inputs.values())) == len(inputs)  # one field per option
+    assert set(EXEMPT) <= options and not set(EXEMPT) & set(inputs.values())
+    assert set(inputs) == set(link)  # every field travels in a shared link
+    assert "--cpu-offload" in inputs.values() and "--gpu-memory" in inputs.values()
+
+
+def test_a_new_option_without_a_widget_input_is_caught(monkeypatch):
+    """Add an option to the command's parser: the test above fails, naming it."""
+    made = memory_cli._parser
+
+    def more():
+        parser = made()
+        parser.add_argument("--grad-accum", help="micro-batches per optimizer step")
+        return parser
+
+    monkeypatch.setattr(memory_cli, "_parser", more)
+    with pytest.raises(AssertionError, match=r"\['--grad-accum'\] but the widget has no input"):
+        test_every_option_of_the_command_is_a_widget_input()

@@ -89,12 +89,15 @@ def offload_traffic(units: Sequence[Sequence[Sequence[int]]], world_size: int, p
         raise ValueError("units is empty: pass the root's shapes, then each block's.")
     p = PRECISIONS[precision]
     to_device = to_host = copies_in = copies_out = 0
+    split: dict[int, list[int]] = {}  # chunk_sizes per distinct dim 0 (the blocks repeat)
     for u, unit in enumerate(units):
         gathers = 1 if u == 0 or not reshard_after_forward else 2
         padded = real = 0
         for shape in unit:
             dim0, row = _rows(shape)
-            sizes = chunk_sizes(dim0, n)
+            if dim0 not in split:
+                split[dim0] = chunk_sizes(dim0, n)
+            sizes = split[dim0]
             padded += sizes[0] * row
             real += sizes[rank] * row
         to_device += gathers * padded * p.param

@@ -1,7 +1,9 @@
 """The browser calculator's stamp: which Python memory model its JavaScript port was checked
 against.
 
-``docs/_static/memory_widget.js`` is a hand port of :mod:`guide.memory.fit` (and of what it calls).
+``docs/_static/memory_widget.js`` is a hand port of :mod:`guide.memory.fit` (and of what it calls),
+of ``guide-memory``'s ``--lora-rank`` (:mod:`guide.memory.finetune`) and ``--cpu-offload``
+(:mod:`guide.memory.offload`).
 Its ``DATA`` block is written here: the presets, precisions, optimizers, GPUs and constants the port
 reads (so they cannot drift from Python's), and :func:`source_hash`, a hash of the Python model's
 sources. ``tests/test_calculator_widget.py`` proves the port equal to the Python model on
@@ -31,6 +33,7 @@ import guide.memory.display as display
 import guide.memory.finetune as finetune
 import guide.memory.fit as fit
 import guide.memory.inputs as inputs
+import guide.memory.offload as offload
 import guide.memory.predicted as predicted
 import guide.memory.state as state
 import guide.memory.transient as transient
@@ -66,7 +69,7 @@ _BEGIN, _END = "// DATA-BEGIN", "// DATA-END"
 #: The modules the port mirrors, hashed whole: every ``guide.memory`` module they import must be
 #: here (``tests/memory/test_widget.py`` follows the imports and fails on one left out).
 MIRRORED = (fit, predicted, activations, architectures, state, transient, finetune, inputs,
-            display)
+            display, offload)
 #: Each name the mirrored modules import from outside ``guide.memory``, and how the stamp covers
 #: it: ``"source"`` (its source is hashed too), ``"data"`` (only values, which the DATA block
 #: carries and :func:`check` compares) or ``"not ported: ..."`` (the widget does not use it).
