@@ -464,7 +464,7 @@ with PAGE.scope(**PREDICTED):
     # they hide behind: the step waits on them.
     breakeven = PAGE.state("ddp_to_fsdp2.predicted.fsdp2_breakeven_tokens",
                            round(gathers / (compute / SEQ)), "tokens per GPU per micro-batch")
-    capacity = PAGE.state("h100.memory_total_gib", round(CAPACITY, 1), "GiB")
+capacity = PAGE.state("h100.memory_total_gib", round(CAPACITY, 1), "GiB")  # the GPU's, any run
 # What the prose says, held to the numbers: FSDP2's share grows with M; every row hides behind
 # compute (so exposure needs micro-batches below the break-even); DDP's is one all-reduce per step.
 checks.expect("prediction", "llama-3.2-1b", all(a[5] < b[5] for a, b in zip(rows, rows[1:])),

@@ -637,7 +637,18 @@ SEARCH_FIRST = {"reshard_after_forward": "auto_examples/plot_reshard_after_forwa
                 "shard_placement_fn": "auto_examples/plot_experts_mesh.html",
                 "experts": "auto_examples/plot_experts_mesh.html",
                 "DDP to FSDP2": "auto_examples/plot_ddp_to_fsdp2.html",
-                "switch from DDP": "auto_examples/plot_ddp_to_fsdp2.html"}
+                "switch from DDP": "auto_examples/plot_ddp_to_fsdp2.html",
+                # issues 35 and 36: each API name and error a user searches for, its page first
+                "set_modules_to_forward_prefetch": "auto_examples/plot_prefetch_and_units.html",
+                "set_modules_to_backward_prefetch": "auto_examples/plot_prefetch_and_units.html",
+                "set_reduce_scatter_unused_params": "auto_examples/plot_when_fsdp2_breaks.html",
+                "register_fsdp_forward_method": "auto_examples/plot_when_fsdp2_breaks.html",
+                "hang": "auto_examples/plot_when_fsdp2_breaks.html",
+                "set_reshard_after_backward": "auto_examples/plot_gradient_accumulation.html",
+                "set_is_last_backward": "auto_examples/plot_gradient_accumulation.html",
+                "sync_module_states": "auto_examples/plot_fsdp1_migration.html",
+                "summon_full_params": "auto_examples/plot_fsdp1_migration.html",
+                "expandable_segments": "auto_examples/plot_oom_ddp_vs_fsdp2.html"}
 #: Pages that must not crowd the top of a result list.
 SEARCH_LOW = ("pages/ledger.html", "api.html")
 
