@@ -62,6 +62,11 @@ written by FSDP1 and loaded, bit for bit, into FSDP2.
 # %%
 # The two sides
 # -------------
+#
+# .. index::
+#    ! sync_module_states
+#    ! summon_full_params
+#
 # FSDP1 wraps the model once, and ``auto_wrap_policy`` decides which submodules become their own
 # FSDP unit: here each transformer block, as torchtitan shards a Llama layer. FSDP2 spells the
 # same units out: ``fully_shard`` on each block, then on the root. Both make one unit per block plus

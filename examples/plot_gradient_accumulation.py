@@ -192,6 +192,10 @@ def label(strategy: Strategy, skip: bool) -> str:
 # %%
 # 1. The parameters of the big-batch step
 # ---------------------------------------
+#
+# .. index::
+#    ! set_requires_gradient_sync
+#
 # After every run, the trained parameters must equal the single-process run on the big batches
 # within :data:`guide.checks.PARAM_TOL` (SGD), and each optimizer step's loss (summed over
 # micro-batches, averaged over ranks) must equal the reference's.
@@ -351,6 +355,11 @@ plt.show()
 # %%
 # 4. Accumulation without re-gathering
 # ------------------------------------
+#
+# .. index::
+#    ! set_reshard_after_backward
+#    ! set_is_last_backward
+#
 # Skipping the sync saves reduce-scatters, but every micro-batch still all-gathers every unit for
 # its forward and again for its backward (section 2: the all-gathers did not change). FSDP2 can
 # also keep the gathered parameters from one micro-batch to the next:
@@ -486,6 +495,10 @@ PAGE.conclude(
 # %%
 # 5. HSDP: reduce-scatter every micro-batch, all-reduce once
 # ----------------------------------------------------------
+#
+# .. index::
+#    ! set_requires_all_reduce
+#
 # On a 2-D mesh ``(replicate, shard)`` each synced backward reduce-scatters within the shard group
 # and then all-reduces the reduced shard across the replicas (across nodes, the slow link).
 # ``set_requires_all_reduce(False)`` keeps the reduce-scatter, so the gradients stay *sharded*

@@ -260,6 +260,10 @@ print(f"\nThe per-rank mean trains on the mean of the ranks' means: its paramete
 # %%
 # Which fix
 # ---------
+#
+# .. index::
+#    ! set_gradient_divide_factor
+#
 # Both fixes compute the same gradient. ``x N`` keeps FSDP2's defaults and is one line in the
 # loss; it is also what DDP needs (DDP averages too). ``set_gradient_divide_factor(1.0)`` states
 # the intent in the model's setup instead, but must reach every unit: applied to the root alone

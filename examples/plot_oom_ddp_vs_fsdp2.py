@@ -36,6 +36,11 @@ unexpectedly fits, or FSDP2 does not, the docs build fails and says which.
 #
 # Out of memory (OOM) with FSDP2? What to try, in order
 # -----------------------------------------------------
+#
+# .. index::
+#    ! expandable_segments
+#    ! OOM
+#
 # Measure first, on the rank that failed: ``torch.cuda.max_memory_allocated()`` after a step is
 # the peak of live tensors; ``torch.cuda.memory._record_memory_history()`` and then
 # ``torch.cuda.memory._dump_snapshot("oom.pickle")`` (open it at pytorch.org/memory_viz) show

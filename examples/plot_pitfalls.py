@@ -264,7 +264,8 @@ plt.show()
 # added by pytorch #176257; reports: accelerate #4171, torchtitan #2495). Older releases
 # (torch 2.9, the floor here) say nothing: the first ``fully_shard`` replaces ``tok_emb.weight``
 # with a DTensor, ``head.weight`` keeps the old tensor, and the tie is silently broken (measured
-# below). The fix is torch's own advice: one group for both modules,
+# below when this page runs on such a torch; on torch 2.13 the page shows the refusal instead).
+# The fix is torch's own advice: one group for both modules,
 # ``fully_shard([model.tok_emb, model.head])`` (leaving both to the root works too). The right way
 # below also builds the model on the ``meta`` device, shards it, materialises it with ``to_empty``
 # and loads rank 0's weights, then trains: the tie must survive all of it, and the gradient of the

@@ -229,6 +229,11 @@ report.show(report.table(rows, ["setting", "max |Δloss|", "max |Δparam|"],
 # %%
 # 1. The order of the all-gathers in one step
 # -------------------------------------------
+#
+# .. index::
+#    ! set_modules_to_forward_prefetch
+#    ! set_modules_to_backward_prefetch
+#
 # ``AG x``: an all-gather for unit ``x`` starts; ``F x`` / ``B x``: unit ``x``'s forward / backward
 # has run (blocks are ``b0`` to ``b3``). By default each block gathers in its own pre-forward,
 # right before it computes; in backward FSDP2 already prefetches one unit (the root's backward
@@ -339,6 +344,10 @@ checks.expect("keep last block", f"FSDP2 x{WORLD_SIZE}",
 # %%
 # 4. Evaluation: ``set_reshard_after_forward``
 # --------------------------------------------
+#
+# .. index::
+#    ! set_reshard_after_forward
+#
 # An eval forward under ``torch.no_grad()`` with training's setting gathers every block again for
 # every batch (only the root, which never reshards after forward, stays gathered: no backward
 # comes to free it). ``evaluate`` above calls ``set_reshard_after_forward(False)`` first: the

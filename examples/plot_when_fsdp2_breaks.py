@@ -265,6 +265,11 @@ plt.show()
 #
 # 2. Methods other than ``forward``: ``generate``
 # -----------------------------------------------
+#
+# .. index::
+#    ! register_fsdp_forward_method
+#    ! mixed torch.Tensor and DTensor
+#
 # FSDP2 all-gathers a group's parameters in hooks that ``model(x)`` runs around ``forward``.
 # ``model.forward(x)``, or a method that calls ``self.forward`` (a hand-written ``generate``), skips
 # the root's hooks: the root's parameters are still ``DTensor`` shards and torch raises the error
@@ -394,6 +399,11 @@ print(f"model(x) in eval, three forwards in a row: {eval_counts} all-gathers; th
 #
 # 3. Hangs: a module some ranks skip
 # ----------------------------------
+#
+# .. index::
+#    ! set_reduce_scatter_unused_params
+#    ! timeout
+#
 # Conditional computation (mixture-of-experts routing, a modality missing from some batches)
 # makes a rank skip a module the others run. Every FSDP2 collective needs every rank: an
 # all-gather before the module's forward when it is its own ``fully_shard`` group, and a

@@ -20,6 +20,8 @@ import contextlib
 import re
 from collections.abc import Iterator
 
+from guide.memory.peak import data_segment_bytes
+
 __all__ = ["OUT_OF_MEMORY", "budget", "gpu_budget", "host_budget", "is_out_of_memory"]
 
 #: The messages of an allocation over a cap: the CPU allocator's, the libc's, CUDA's.
@@ -44,9 +46,7 @@ def _check_headroom(headroom_bytes: int) -> None:
 def host_budget(headroom_bytes: int) -> Iterator[int]:
     """Cap this process's data segment at its level now plus ``headroom_bytes``; yields the cap
     in bytes and restores the previous limit on exit."""
-    import resource
-
-    from guide.memory.peak import data_segment_bytes
+    import resource  # POSIX only: imported where it is used
 
     _check_headroom(headroom_bytes)
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
