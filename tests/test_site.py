@@ -648,7 +648,13 @@ SEARCH_FIRST = {"reshard_after_forward": "auto_examples/plot_reshard_after_forwa
                 "set_is_last_backward": "auto_examples/plot_gradient_accumulation.html",
                 "sync_module_states": "auto_examples/plot_fsdp1_migration.html",
                 "summon_full_params": "auto_examples/plot_fsdp1_migration.html",
-                "expandable_segments": "auto_examples/plot_oom_ddp_vs_fsdp2.html"}
+                "expandable_segments": "auto_examples/plot_oom_ddp_vs_fsdp2.html",
+                "timeout": "auto_examples/plot_when_fsdp2_breaks.html",
+                "generate": "auto_examples/plot_when_fsdp2_breaks.html",
+                "mixed torch.Tensor and DTensor": "auto_examples/plot_when_fsdp2_breaks.html",
+                "set_reshard_after_forward": "auto_examples/plot_prefetch_and_units.html",
+                "set_gradient_divide_factor": "auto_examples/plot_loss_normalisation.html",
+                "set_requires_all_reduce": "auto_examples/plot_gradient_accumulation.html"}
 #: Pages that must not crowd the top of a result list.
 SEARCH_LOW = ("pages/ledger.html", "api.html")
 
