@@ -349,7 +349,7 @@ from guide import checks, memory
 from guide.data import synthetic_batches
 from guide.memory import (PeakMemory, current_bytes, data_segment_bytes, prepare,
                           release_freed_heap)
-from guide.memory.budget import budget, is_out_of_memory
+from guide.memory.budget import budget as rank_budget, is_out_of_memory
 from guide.model import ModelConfig, build_model
 from guide.plotting import legend_below, style
 from guide.sharding import Strategy
@@ -425,16 +425,16 @@ def start_level(rank: guide.Rank) -> int:
 # the script above. Each job first hands the heap's free pages back to the kernel (else memory the
 # single-process reference freed is reused unseen: DDP x2 measured 158 MiB, not its 4 P), and
 # under a budget it caps its own memory at its level then plus the same headroom, lifting the cap
-# when the job ends (:func:`guide.memory.budget.budget`: the data segment on CPU, the caching
-# allocator's share of the GPU with CUDA). An allocation failure comes back as that rank's result,
-# so that every rank reaches the job's end.
+# when the job ends (``rank_budget``, :func:`guide.memory.budget.budget`: the data segment on CPU,
+# the caching allocator's share of the GPU with CUDA). An allocation failure comes back as that
+# rank's result, so that every rank reaches the job's end.
 def torchrun_worker(rank: guide.Rank, strategy: Strategy, headroom_bytes: int | None = None
                     ) -> OOMResult | dict:
     prepare()
     release_freed_heap()
     if headroom_bytes is None:
         return train_worker(rank, strategy)
-    with budget(rank.device, headroom_bytes) as limit:
+    with rank_budget(rank.device, headroom_bytes) as limit:
         try:
             return train_worker(rank, strategy)
         except (MemoryError, RuntimeError) as exc:
