@@ -129,7 +129,7 @@ with PAGE.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
 
 
 def ddp_worker(rank: guide.Rank, optimizer: str) -> TrainResult:
-    model = wrap_ddp(build_model(CFG, device=rank.device))
+    model = wrap_ddp(build_model(CFG, device=rank.device))  # fault-point: ddp-wrap
     initial = full_state(model)
     opt = make_optimizer(optimizer, model.parameters())
     losses = train_steps(model, opt, BATCHES, rank)
@@ -137,9 +137,9 @@ def ddp_worker(rank: guide.Rank, optimizer: str) -> TrainResult:
 
 
 def fsdp2_worker(rank: guide.Rank, optimizer: str) -> TrainResult:
-    model = build_model(CFG, device=rank.device)
+    model = build_model(CFG, device=rank.device)  # fault-point: fsdp2-build
     mesh = make_mesh(rank.device.type)
-    shard_fsdp2(model, mesh)
+    shard_fsdp2(model, mesh)  # fault-point: fsdp2-shard
     initial = full_state(model)  # all-gathers the shards: the model the ranks hold
     opt = make_optimizer(optimizer, model.parameters())  # on the sharded parameters
     losses = train_steps(model, opt, BATCHES, rank)
@@ -150,7 +150,7 @@ DDP_, FSDP2_ = Strategy.DDP, Strategy.FSDP2  # the site's names (label, colour) 
 runs = {}
 for opt in ("sgd", "adamw"):
     runs[DDP_, opt] = guide.launch(ddp_worker, WORLD_SIZE, opt)
-    runs[FSDP2_, opt] = guide.launch(fsdp2_worker, WORLD_SIZE, opt)
+    runs[FSDP2_, opt] = guide.launch(fsdp2_worker, WORLD_SIZE, opt)  # fault-point: fsdp2-launch
 
 # %%
 # The checks that fail the build

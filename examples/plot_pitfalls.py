@@ -953,6 +953,10 @@ embed_gap = gap("other_method.fixed.gap", embed_gap, "absolute", "method output"
 print(f"\nwith register_fsdp_forward_method: max |Δ| to 1 process {embed_gap:.1e}")
 
 # sphinx_gallery_thumbnail_number = 1
+# What the tests (tests/test_pitfalls.py) read of this run, and nothing else.
+RESULT = dict(SYMPTOMS=SYMPTOMS, WORLD_SIZE=WORLD_SIZE, K=K, R=R, results=results, curves=curves,
+              initial=initial, REFERENCE=REFERENCE, TIED_REFERENCE=TIED_REFERENCE,
+              NORM_REFERENCE=NORM_REFERENCE)
 # sphinx_gallery_end_ignore
 
 # %%

@@ -482,7 +482,7 @@ MOE_REFERENCE = moe_steps(moe(), None, skip=False)
 
 def moe_fixes(rank: guide.Rank) -> dict:
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
-    out = {"zero tokens": moe_steps(shard_moe(moe(), mesh, True), rank, skip=False)}
+    out = {"zero tokens": moe_steps(shard_moe(moe(), mesh, True), rank, skip=False)}  # fault-point: fix
     if HAS_UNUSED_FLAG:
         model = shard_moe(moe(), mesh, False)
         model.set_reduce_scatter_unused_params(True)  # zeros for the skipped expert's gradients
@@ -495,10 +495,10 @@ def moe_skips(rank: guide.Rank, folder: str, expert_own_group: bool) -> None:
     mesh = init_device_mesh(rank.device.type, (rank.world_size,))
     model = shard_moe(moe(), mesh, expert_own_group)
     with witness(folder, rank.rank):
-        moe_steps(model, rank, skip=True)
+        moe_steps(model, rank, skip=True)  # fault-point: hang-steps
 
 
-FIXES = guide.launch(moe_fixes, WORLD_SIZE)[0]
+FIXES = guide.launch(moe_fixes, WORLD_SIZE)[0]  # fault-point: fixes-launch
 HANGS = {} if guide.under_torchrun() else {  # a hang in torchrun's own group would end the run
     own: expect_failure(f"3. skipped expert ({'own' if own else 'shared'} group)", moe_skips,
                         WORLD_SIZE, own, timeout_s=HANG_TIMEOUT_S, deadline_s=DEADLINE_S)
@@ -568,6 +568,8 @@ else:
           f"{text[text.index('Received data size'):]}\nand was killed by SIGABRT in the "
           f"reduce-scatter; the launcher ended the job after {job_s[False]:.1f} s with "
           f"{type(shared.error).__name__}")
+# What the tests (tests/test_when_fsdp2_breaks.py) read of this run, and nothing else.
+RESULT = dict(ORDER=ORDER, ROOT_PARAMS=ROOT_PARAMS, HANGS=HANGS, HANG_TIMEOUT_S=HANG_TIMEOUT_S)
 # sphinx_gallery_end_ignore
 
 # %%

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import runpy
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +37,28 @@ def run_python(script: Path, timeout: float = 240, cwd: Path | None = None) -> R
     proc = subprocess.run([sys.executable, str(script)], cwd=cwd or script.parent, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return Run(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start)
+
+
+def run_page(page: Path) -> dict:
+    """Run ``page`` once in this process, as sphinx-gallery runs it; return its one result object
+    (the page's ``RESULT``) and what it printed: ``{"RESULT": ..., "OUTPUT": ...}``, nothing else,
+    so tests reach the page through what it hands them and not through its other globals."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib.pyplot as plt
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # plt.show() on Agg
+        namespace = runpy.run_path(str(page), run_name="__main__")
+    plt.close("all")
+    assert "RESULT" in namespace, f"{page.name} defines no RESULT for its tests"
+    return {"RESULT": namespace["RESULT"], "OUTPUT": out.getvalue()}
+
+
+@pytest.fixture(scope="module")
+def page(request) -> dict:
+    """:func:`run_page` of the test module's ``PAGE``, once per module."""
+    return run_page(request.module.PAGE)
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,7 @@ kind, the way the site runs it (a real ``sphinx-build`` of a throwaway gallery).
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MAIN_EXAMPLE, run_python
-from faults import write_faulty_example
+from faults import FAULTS, inject, write_faulty_example
 
 # fault -> (regex the output must contain, seconds the whole run may take on 2 busy cores)
 EXPECTED = {
@@ -50,6 +51,64 @@ def test_unmodified_example_passes(tmp_path: Path) -> None:
     run = run_python(MAIN_EXAMPLE, cwd=tmp_path)
     assert run.returncode == 0, run.output[-3000:]
     assert "All checks passed" in run.output
+
+
+# --------------------------------------------------------------------------------------------------
+# The fault points: found by their tags, not by the text of the statements they mark.
+
+def _function(source: str, name: str) -> str:
+    """The source of the page's function ``name``."""
+    node = next(n for n in ast.walk(ast.parse(source))
+                if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.get_source_segment(source, node)
+
+
+def test_every_fault_changes_the_page_at_its_points_only() -> None:
+    """Each fault leaves a program that differs from the page, and the tags stay out of it."""
+    page = MAIN_EXAMPLE.read_text()
+    assert set(FAULTS) == set(EXPECTED)
+    for fault, edits in FAULTS.items():
+        faulty = inject(page, edits, MAIN_EXAMPLE.name)
+        assert faulty != page, fault
+        for tag, _ in edits:
+            assert f"# fault-point: {tag}" not in faulty, (fault, tag)
+
+
+@pytest.mark.parametrize("how", ["missing", "duplicated"])
+def test_a_missing_or_duplicated_tag_names_the_tag_and_the_page(how: str) -> None:
+    page = MAIN_EXAMPLE.read_text()
+    tagged = "  # fault-point: ddp-wrap\n"
+    assert page.count(tagged) == 1
+    if how == "missing":
+        broken, found = page.replace(tagged, "\n"), 0
+    else:  # the same tag on a second statement as well
+        broken, found = page.replace("  # fault-point: fsdp2-build\n", tagged), 2
+    with pytest.raises(AssertionError, match=rf"fault point 'ddp-wrap' found {found} times in "
+                                             rf"{MAIN_EXAMPLE.name}"):
+        inject(broken, FAULTS["no_grad_sync"], MAIN_EXAMPLE.name)
+
+
+def test_a_reformatted_fault_point_keeps_its_fault() -> None:
+    """Extra spaces inside the call, a statement split over lines: an exact-text anchor would miss
+    both; the tags still find them, and the faults still do what they say."""
+    page = MAIN_EXAMPLE.read_text()
+    wrap = "model = wrap_ddp(build_model(CFG, device=rank.device))"
+    launch = "runs[FSDP2_, opt] = guide.launch(fsdp2_worker, WORLD_SIZE, opt)"
+    assert page.count(wrap) == 1 and page.count(launch) == 1
+    page = page.replace(wrap, "model = wrap_ddp( build_model( CFG,  device = rank.device ) )")
+    page = page.replace(launch, "runs[FSDP2_, opt] = guide.launch(\n"
+                                "        fsdp2_worker, WORLD_SIZE, opt,\n"
+                                "    )")
+    assert wrap not in page and launch not in page  # what the old anchors looked for
+
+    worker = _function(inject(page, FAULTS["no_grad_sync"], MAIN_EXAMPLE.name), "ddp_worker")
+    assert "wrap_ddp" not in worker and "model = build_model(CFG, device=rank.device)" in worker
+    worker = _function(inject(page, FAULTS["grads_summed"], MAIN_EXAMPLE.name), "ddp_worker")
+    assert worker.index("wrap_ddp( build_model(") < worker.index("register_comm_hook(None, _sum")
+    hangs = inject(page, FAULTS["rank_hangs"], MAIN_EXAMPLE.name)
+    assert "guide.launch(fsdp2_worker, WORLD_SIZE, opt, collective_timeout_s=10)" in hangs
+    assert "fsdp2_worker, WORLD_SIZE, opt,\n" not in hangs  # the whole statement was replaced
+    assert "time.sleep(3600)" in _function(hangs, "fsdp2_worker")
 
 
 # --------------------------------------------------------------------------------------------------

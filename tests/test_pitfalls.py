@@ -1,20 +1,16 @@
 """The pitfalls page (``examples/plot_pitfalls.py``) and :mod:`guide.pitfalls`: every check that
 decides "the wrong way still goes wrong" or "the right way is right" bites.
 
-The page runs once, in this process (as sphinx-gallery runs it), and its own results are then fed
-crosswise to its checks: each wrong-way check must reject the fixed run's data, and each right-way
-check the wrong run's. Edge cases (NaN, a gap exactly at the tolerance, a message torch stopped
+The page runs once, in this process (as sphinx-gallery runs it), and its own results (its one
+``RESULT`` object, through ``conftest.page``) are then fed crosswise to its checks: each wrong-way
+check must reject the fixed run's data, and each right-way check the wrong run's. Edge cases (NaN, a gap exactly at the tolerance, a message torch stopped
 printing) go to the page's check functions directly.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import io
 import math
-import os
-import runpy
 import warnings
 
 import pytest
@@ -53,22 +49,8 @@ SYMPTOMS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def page() -> dict:
-    """The page's globals after one run (its output under ``"OUTPUT"``)."""
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    import matplotlib.pyplot as plt
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # plt.show() on Agg
-        namespace = runpy.run_path(str(PAGE), run_name="__main__")
-    plt.close("all")
-    return {**namespace, "OUTPUT": out.getvalue()}
-
-
 def _per_rank(page: dict, key: str) -> list:
-    return [res[key] for res in page["results"]]
+    return [res[key] for res in page["RESULT"]["results"]]
 
 
 # -- the page as a reader sees it -----------------------------------------------------------------
@@ -82,8 +64,8 @@ def test_symptom_table_comes_first_and_links_every_section(page: dict) -> None:
     """The symptom -> fix table is printed before any run, one row per pitfall, and each row's
     link names a label the page defines (a section heading)."""
     source = PAGE.read_text()
-    assert len(page["SYMPTOMS"]) == 10
-    for label, *_ in page["SYMPTOMS"]:
+    assert len(page["RESULT"]["SYMPTOMS"]) == 10
+    for label, *_ in page["RESULT"]["SYMPTOMS"]:
         assert f"# .. _pitfalls-{label}:" in source, label
     assert page["OUTPUT"].index("symptom") < page["OUTPUT"].index("torch ")
     assert "register_fsdp_forward_method(model, name)" in page["OUTPUT"]
@@ -103,33 +85,34 @@ def test_symptom_links_render_as_anchors_and_text() -> None:
 # -- wrong-way checks reject the fixed runs -------------------------------------------------------
 
 def test_frozen_check_rejects_a_run_that_trained(page: dict) -> None:
-    right = page["R"]["1 right"]
+    right = page["RESULT"]["R"]["1 right"]
     with pytest.raises(CheckFailed, match=REPRODUCES + r" 1\.: .*parameters moved by"):
         pitfalls.assert_frozen("1.", right["before"], right["after"], right["losses"],
                               right["messages"])
 
 
 def test_reproduces_check_rejects_runs_without_the_error(page: dict) -> None:
-    out_of_place = page["R"]["3"]["out of place"]["messages"]
+    out_of_place = page["RESULT"]["R"]["3"]["out of place"]["messages"]
     # warned (where this torch warns), but did not fail
     assert any("returned a view tensor" in m for m in out_of_place) == _VIEWS_WARNED
     with pytest.raises(CheckFailed, match=REPRODUCES + r" 3\.: .*no longer says 'RuntimeError'"):
         pitfalls.assert_reproduces("3.", out_of_place, "RuntimeError")
     with pytest.raises(CheckFailed, match=REPRODUCES):
-        pitfalls.assert_reproduces("10.", page["R"]["10 right"]["messages"], "got mixed")
+        pitfalls.assert_reproduces("10.", page["RESULT"]["R"]["10 right"]["messages"],
+                                   "got mixed")
 
 
 def test_differs_check_rejects_fixed_runs(page: dict) -> None:
-    initial = page["full_state"](page["build_model"](page["CFG"]))
+    initial = page["RESULT"]["initial"]
     with pytest.raises(CheckFailed, match=REPRODUCES + r" 6\.: .*now matches the right one"):
-        pitfalls.assert_differs("6.", initial, page["R"]["6 right"], 0.0)
+        pitfalls.assert_differs("6.", initial, page["RESULT"]["R"]["6 right"], 0.0)
     rank0, rank1 = (r["params"] for r in _per_rank(page, "7 right")[:2])
     with pytest.raises(CheckFailed, match=REPRODUCES + r" 7\.:"):
         pitfalls.assert_differs("7.", rank0, rank1, 0.0)
 
 
 def test_partial_norm_check_rejects_full_norms(page: dict) -> None:
-    full = page["R"]["4"]["full"]["head.weight"]
+    full = page["RESULT"]["R"]["4"]["full"]["head.weight"]
     with pytest.raises(CheckFailed, match=REPRODUCES + r" 4\.: .*every rank's local norm"):
         pitfalls.assert_partial("4.", [r["full"]["head.weight"] for r in _per_rank(page, "4")],
                                full, checks.LOSS_TOL)
@@ -138,23 +121,26 @@ def test_partial_norm_check_rejects_full_norms(page: dict) -> None:
 # -- right-way checks reject the wrong runs -------------------------------------------------------
 
 def test_training_checks_reject_the_optimizer_built_first(page: dict) -> None:
-    frozen = page["curves"]["optimizer first"]
+    frozen = page["RESULT"]["curves"]["optimizer first"]
     with pytest.raises(CheckFailed, match=r"\[training happens\]"):
         checks.assert_learns("1.", frozen)
     with pytest.raises(CheckFailed, match=r"\[loss equivalence\] 1\.: from step 1 on"):
-        checks.assert_losses_match("1.", page["curves"]["1 process"], frozen, against=checks.SINGLE_PROCESS)
+        checks.assert_losses_match("1.", page["RESULT"]["curves"]["1 process"], frozen,
+                                   against=checks.SINGLE_PROCESS)
 
 
 def test_tied_reference_check_rejects_an_untied_model(page: dict) -> None:
     """A tie broken by sharding or ``to_empty`` shows up as a separate ``head.weight``."""
     with pytest.raises(CheckFailed, match=r"parameter names differ.*unexpected \['head.weight'\]"):
-        checks.assert_params_match("2.", page["TIED_REFERENCE"][1], page["REFERENCE"][1], 1e-6, against=checks.SINGLE_PROCESS)
+        checks.assert_params_match("2.", page["RESULT"]["TIED_REFERENCE"][1],
+                                   page["RESULT"]["REFERENCE"][1], 1e-6,
+                                   against=checks.SINGLE_PROCESS)
 
 
 def test_init_check_rejects_the_patchwork_of_seeds(page: dict) -> None:
-    initial = page["full_state"](page["build_model"](page["CFG"]))
+    initial = page["RESULT"]["initial"]
     with pytest.raises(CheckFailed, match=r"\[initial weights\] 6\..*same seed"):
-        checks.assert_same_init("6.", initial, page["R"]["6 wrong"])
+        checks.assert_same_init("6.", initial, page["RESULT"]["R"]["6 wrong"])
 
 
 def test_root_checks_reject_the_model_without_its_root_call(page: dict) -> None:
@@ -163,9 +149,9 @@ def test_root_checks_reject_the_model_without_its_root_call(page: dict) -> None:
         checks.assert_ranks_agree("7.", [r["params"] for r in wrong])
     with pytest.raises(CheckFailed, match=r"\[sharding\] 7\.: \S+ on rank 0 is a plain tensor"):
         checks.assert_sharded("7.", [lay for r in wrong for lay in r["layouts"]],
-                              page["WORLD_SIZE"])
+                              page["RESULT"]["WORLD_SIZE"])
     with pytest.raises(CheckFailed, match=r"\[parameter equivalence\] 7\."):
-        checks.assert_params_match("7.", page["REFERENCE"][1], wrong[0]["params"],
+        checks.assert_params_match("7.", page["RESULT"]["REFERENCE"][1], wrong[0]["params"],
                                    checks.PARAM_TOL["sgd"], against=checks.SINGLE_PROCESS)
 
 
@@ -173,13 +159,14 @@ def test_norm_check_rejects_the_local_reading(page: dict) -> None:
     local = [r["local"]["head.weight"] for r in _per_rank(page, "4")]
     with pytest.raises(CheckFailed, match=r"\[gradient norm\]"):
         checks.expect_close("gradient norm", "4.", local,
-                            [page["NORM_REFERENCE"]["head.weight"]] * len(local), checks.LOSS_TOL)
+                            [page["RESULT"]["NORM_REFERENCE"]["head.weight"]] * len(local),
+                            checks.LOSS_TOL)
 
 
 def test_counts_tell_the_ways_apart(page: dict) -> None:
     """The inline count checks compare numbers that differ between the wrong and the right way."""
-    r = page["R"]
-    assert r["5 wrong"]["reduce_scatters"] == page["K"] * r["5 right"]["reduce_scatters"]
+    r = page["RESULT"]["R"]
+    assert r["5 wrong"]["reduce_scatters"] == page["RESULT"]["K"] * r["5 right"]["reduce_scatters"]
     assert r["9"][True]["all_gathers"] == r["9"][None]["all_gathers"] + 1
     assert r["7 wrong"]["all_gathers"] != r["7 right"]["all_gathers"]
 

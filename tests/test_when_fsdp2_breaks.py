@@ -8,18 +8,15 @@ they hold the page to torch's messages, verbatim, so a search for the error land
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
-import runpy
 import time
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 from conftest import EXAMPLES, run_python
+from faults import write_faulty
 
 import guide
 from guide import hangs
@@ -37,22 +34,19 @@ SYMPTOMS = [
     "in your code?",
 ]
 
-#: Faults injected into the page's source: (anchor, replacement), each anchor found once.
+#: Faults injected into the page's tagged fault points (tests/faults.py): (tag, replacement).
 FAULTS = {
     # the fixed run reverted to the early return, and (as tests/faults.py's rank_hangs) a 10 s
     # process-group timeout instead of the default 30 s, to keep the test short
     "fix_skips_the_expert": [
-        ('    out = {"zero tokens": moe_steps(shard_moe(moe(), mesh, True), rank, skip=False)}\n',
-         '    out = {"zero tokens": moe_steps(shard_moe(moe(), mesh, True), rank, skip=True)}\n'),
-        ("FIXES = guide.launch(moe_fixes, WORLD_SIZE)[0]\n",
-         "FIXES = guide.launch(moe_fixes, WORLD_SIZE, collective_timeout_s=10)[0]\n")],
+        ("fix", 'out = {"zero tokens": moe_steps(shard_moe(moe(), mesh, True), rank, skip=True)}'),
+        ("fixes-launch",
+         "FIXES = guide.launch(moe_fixes, WORLD_SIZE, collective_timeout_s=10)[0]")],
     # in the hang demonstration, rank 1 stuck in Python before its first step, forever
     "demo_rank_stuck": [
-        ("    with witness(folder, rank.rank):\n        moe_steps(model, rank, skip=True)\n",
-         "    with witness(folder, rank.rank):\n"
-         "        if rank.rank == 1:\n"
-         "            import time; time.sleep(3600)\n"
-         "        moe_steps(model, rank, skip=True)\n")],
+        ("hang-steps", "if rank.rank == 1:\n"
+                       "    import time; time.sleep(3600)\n"
+                       "{statement}")],
 }
 #: fault -> (what the output must say, seconds the whole page may take on 2 busy cores)
 EXPECTED = {
@@ -66,27 +60,6 @@ EXPECTED = {
 }
 
 
-def inject(source: str, fault: str) -> str:
-    for anchor, replacement in FAULTS[fault]:
-        count = source.count(anchor)
-        assert count == 1, f"fault {fault!r}: anchor found {count} times:\n{anchor}"
-        source = source.replace(anchor, replacement)
-    return source
-
-
-@pytest.fixture(scope="module")
-def page() -> dict:
-    """The page's globals after one run, in this process (its output under ``"OUTPUT"``)."""
-    import matplotlib.pyplot as plt
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # plt.show() on Agg
-        namespace = runpy.run_path(str(PAGE), run_name="__main__")
-    plt.close("all")
-    return {**namespace, "OUTPUT": out.getvalue()}
-
-
 # -- the page ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("symptom", SYMPTOMS, ids=lambda s: s.split(" ")[0])
@@ -97,16 +70,17 @@ def test_page_prints_torchs_words(page: dict, symptom: str) -> None:
 def test_every_hang_was_bounded_by_the_timeout(page: dict) -> None:
     """Both failing jobs ended in seconds, not torch's 30 minutes: the own-group hang by gloo's
     timeout (on the rank that waited longest), the shared-group one by gloo's abort at once."""
-    own, shared = page["HANGS"][True], page["HANGS"][False]
-    timeout = page["HANG_TIMEOUT_S"]
+    result = page["RESULT"]
+    own, shared = result["HANGS"][True], result["HANGS"][False]
+    timeout = result["HANG_TIMEOUT_S"]
     assert own.seconds < timeout + 15 and shared.seconds < 15
     assert all(s.seconds is None or s.seconds < timeout + 5 for s in own.ranks)
     assert type(shared.error) is guide.RankDied and "SIGABRT" in str(shared.error)
 
 
 def test_the_wrong_orders_freeze_the_root_and_only_the_root(page: dict) -> None:
-    order = page["ORDER"][0]
-    root = set(page["ROOT_PARAMS"])
+    order = page["RESULT"]["ORDER"][0]
+    root = set(page["RESULT"]["ROOT_PARAMS"])
     assert set(order["optimizer between"]["frozen"]) == root
     assert set(order["forward first"]["frozen"]) == root
     assert order["fully_shard, then optimizer"]["frozen"] == []
@@ -117,9 +91,7 @@ def test_the_wrong_orders_freeze_the_root_and_only_the_root(page: dict) -> None:
 def test_an_injected_hang_fails_the_page_by_name_within_its_timeout(fault: str,
                                                                     tmp_path: Path) -> None:
     pattern, budget = EXPECTED[fault]
-    script = tmp_path / PAGE.name
-    script.write_text(inject(PAGE.read_text(), fault))
-    run = run_python(script, timeout=budget + 60)
+    run = run_python(write_faulty(PAGE, FAULTS[fault], tmp_path), timeout=budget + 60)
     assert run.returncode != 0, f"{fault}: the page passed with the fault\n{run.output[-3000:]}"
     assert re.search(pattern, run.output), f"{fault}: not found:\n{run.output[-3000:]}"
     assert run.seconds < budget, f"{fault}: took {run.seconds:.0f} s (budget {budget} s)"
