@@ -73,8 +73,15 @@ def test_separate_ends_halve_the_largest_reduce_scatter_at_the_same_total(page: 
 
 
 def test_the_page_prints_torchs_refusal_of_tied_weights_apart(page: dict) -> None:
-    assert REFUSAL in page["OUTPUT"]
-    assert REFUSAL.replace("'head.weight'", "'tok_emb.weight'") in page["OUTPUT"]
+    """torch 2.13 refuses (its words printed); the 2.9 floor accepts and the page says the tie
+    breaks. Either way the page says what this torch does."""
+    from guide.pitfalls import torch_source_says
+
+    if torch_source_says("already managed by another FSDP group"):
+        assert REFUSAL in page["OUTPUT"]
+        assert REFUSAL.replace("'head.weight'", "'tok_emb.weight'") in page["OUTPUT"]
+    else:
+        assert page["OUTPUT"].count("the tie breaks") == 2 and REFUSAL not in page["OUTPUT"]
 
 
 def test_each_mesh_places_and_averages_as_torch_says(page: dict) -> None:

@@ -169,7 +169,10 @@ def page() -> dict:
 #: stride=(2,))``), and so may the exception's type: the pattern pins the sentence alone.
 TORCH_WORDS = re.compile(r"(RuntimeError|ValueError): All operands in aten\.stack\.default "
                          r"must have the same mesh, but got "
-                         r"DeviceMesh\(.+\) and DeviceMesh\(.+\)\.")
+                         r"DeviceMesh\(.+\) and DeviceMesh\(.+\)\."
+                         # torch 2.9, the floor: the sharding propagation's failure, cut at 200
+                         r"|RuntimeError: Sharding propagation failed for Op\(op=aten\.stack\."
+                         r"default, args_schema=\[DTensorSpec\(mesh=DeviceMesh.+ \.\.\.")
 
 
 def test_page_prints_torchs_words(page: dict) -> None:
@@ -190,6 +193,32 @@ def test_page_prints_torchs_words(page: dict) -> None:
 def test_torchs_words_are_matched_across_releases(line: str, ok: bool) -> None:
     """The pattern accepts the 2.13 line verbatim and the older repr, and nothing else."""
     assert bool(TORCH_WORDS.fullmatch(line)) is ok
+
+
+_SPEC = ("DTensorSpec(mesh=DeviceMesh({mesh}, device: 'cpu', stride: (1,)), placements=("
+         "_NormPartial(reduce_op='sum', norm_type=2.0),), tensor_meta=TensorMeta(shape="
+         "torch.Size([]), stride=(), dtype=torch.float32))")
+TORCH_2_9 = ("RuntimeError: Sharding propagation failed for Op(op=aten.stack.default, "
+             "args_schema=[{}] @ mesh: None)")
+
+
+@pytest.mark.parametrize("message,ok", [
+    # torch 2.13 and newer: the stack strategy's sentence
+    ("RuntimeError: All operands in aten.stack.default must have the same mesh, but got "
+     "DeviceMesh((dp=2), 'cpu', stride=(2,)) and DeviceMesh((4,), 'cpu', stride=(1,)).", True),
+    # torch 2.9 (CI's compat lane): operands on two meshes
+    (TORCH_2_9.format(", ".join([_SPEC.format(mesh="(4,)"), _SPEC.format(mesh="(dp=2)")])),
+     True),
+    # the same failure with every operand on one mesh is another bug, not the mismatch
+    (TORCH_2_9.format(", ".join([_SPEC.format(mesh="(4,)")] * 3)), False),
+    ("RuntimeError: Sharding propagation failed for Op(op=aten.cat.default, args_schema=[" +
+     _SPEC.format(mesh="(4,)") + ", " + _SPEC.format(mesh="(dp=2)") + "] @ mesh: None)", False),
+    ("RuntimeError: All operands in aten.cat.default must have the same mesh", False),
+    (None, False), ("", False)])
+def test_the_mesh_mismatch_is_recognised_in_each_torchs_words(message, ok) -> None:
+    from guide.experts import mesh_mismatch
+
+    assert mesh_mismatch(message) is ok
 
 
 def test_the_placement_check_sees_the_default_shard0(page: dict) -> None:

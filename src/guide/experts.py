@@ -15,6 +15,8 @@ token is the same, so a single-process reference and every EP rank compute one f
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -25,7 +27,7 @@ from guide.model import Block, ModelConfig, TinyLM
 from guide.validate import positive_int
 
 __all__ = ["Experts", "MoE", "MoEBlock", "all_to_all", "build_moe_model", "expected_expert_layout",
-           "merge_expert_states",
+           "merge_expert_states", "mesh_mismatch",
            "expert_slice", "to_expert_parallel"]
 
 
@@ -200,3 +202,18 @@ def merge_expert_states(by_ep_rank: list[dict[str, torch.Tensor]],
         raise ValueError("the EP ranks' states name different parameters.")
     return {name: torch.cat([s[name] for s in by_ep_rank]) if name in expert_names else t
             for name, t in first.items()}
+
+
+def mesh_mismatch(message: str | None) -> bool:
+    """Whether ``message`` is torch refusing to stack norms that live on different meshes, as
+    ``clip_grad_norm_`` does across the experts' and the others' meshes. torch 2.13 says "All
+    operands in aten.stack.default must have the same mesh"; torch 2.9 (the floor) says "Sharding
+    propagation failed for Op(op=aten.stack.default, ...)" and lists the operands, whose
+    ``DeviceMesh`` must then be at least two different ones."""
+    if not message:
+        return False
+    if re.search(r"All operands in aten\.stack\.default must have the same mesh", message):
+        return True
+    if not re.search(r"Sharding propagation failed for Op\(op=aten\.stack\.default", message):
+        return False
+    return len(set(re.findall(r"mesh=(DeviceMesh\(.*?\))(?=, placements)", message))) >= 2
