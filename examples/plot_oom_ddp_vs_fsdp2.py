@@ -25,6 +25,8 @@ GPU numbers of the first section are predicted from the site's memory model, and
 
 Every rank gets a hard memory budget: the kernel refuses to grow its data segment beyond it
 (``RLIMIT_DATA``), so over-use is a real ``can't allocate memory`` error, not a number on a chart.
+Under ``torchrun`` on GPUs the same budget caps the GPU instead
+(``torch.cuda.set_per_process_memory_fraction``), and DDP fails with ``CUDA out of memory``.
 One model, with SGD and momentum, is trained three ways under that same budget: DDP must
 **fail**, with the launcher naming the rank, how much it asked for and the budget; FSDP2 on as
 many ranks, and on twice as many, must **complete** and match a single-process reference. If DDP
