@@ -95,11 +95,13 @@ def test_budget_picks_the_gpu_cap_on_cuda_only(monkeypatch) -> None:
     fake.install(monkeypatch)
     with B.budget(torch.device("cuda", 0), 250) as limit:
         assert limit == 250 and ("fraction", 0.25, torch.device("cuda", 0)) in fake.calls
+    with B.budget("cuda:1", 500) as limit:  # a device's name, as torchrun scripts often pass it
+        assert limit == 500 and ("fraction", 0.5, "cuda:1") in fake.calls
     before = resource.getrlimit(resource.RLIMIT_DATA)
     with B.budget(torch.device("cpu"), 64 * MiB) as limit:
         assert resource.getrlimit(resource.RLIMIT_DATA)[0] == limit
     assert resource.getrlimit(resource.RLIMIT_DATA) == before
-    assert len([c for c in fake.calls if c[0] == "fraction"]) == 2  # the CPU cap touched no GPU
+    assert len([c for c in fake.calls if c[0] == "fraction"]) == 4  # the CPU cap touched no GPU
 
 
 @pytest.mark.parametrize("exc, oom", [
