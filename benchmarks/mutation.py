@@ -87,6 +87,9 @@ SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
     "guide.script_diff": ("src/guide/script_diff.py", ("guide.script_diff.*",)),
     "guide.experts": ("src/guide/experts.py", ("guide.experts.*",)),
     "guide.page": ("src/guide/page.py", ("guide.page.*",)),
+    # issue 38's audit: the calculator's stamp and the fine-tuning memory model
+    "guide.memory.widget": ("src/guide/memory/widget.py", ("guide.memory.widget.*",)),
+    "guide.memory.finetune": ("src/guide/memory/finetune.py", ("guide.memory.finetune.*",)),
 }
 
 #: Kill rate every module must reach.
@@ -116,6 +119,8 @@ _TP_COMM = "src/guide/comm/tp.py"
 _RENDERED = "src/guide/rendered.py"
 _PATHS = ("tests/checks/test_checked_paths.py",)
 _SCAN = ("tests/test_rendered_scan.py",)
+_JS = "docs/_static/memory_widget.js"
+_WIDGET = ("tests/memory/test_widget_js.py", "tests/memory/test_widget_node.py")
 #: mutmut does not mutate module-level constants, nor delete half of a condition: the tolerances,
 #: each 10x looser and 10x tighter, and the bugs of the audit that asked for this tool (issue 19:
 #: LOSS_TOL 1e-5 -> 1e-2 and PARAM_TOL["sgd"] 1e-6 -> 1e-3 passed every test, and so did the
@@ -203,6 +208,28 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
     HandMutant("src/guide/memory/finetune.py", "for s in layer if len(s) == 2]",
                "for s in layer if len(s) == 2 and s[0] == s[1]]",
                ("tests/test_lora_adapters.py",)),
+    # issue 38's audit: the browser calculator's port of the model (docs/_static/memory_widget.js),
+    # run in Node against the Python model: an exact fit, each term of the activations, the
+    # transient buffers, CPU offload's traffic, LoRA's adapters, HSDP's shard group
+    *(HandMutant(_JS, old, new, _WIDGET) for old, new in (
+        ("if (split.total <= capacity) return n;", "if (split.total < capacity) return n;"),
+        ("fits: split.total <= capacity,", "fits: split.total < capacity,"),
+        ("p.compute >= p.param) return 0n;", "p.compute > p.param) return 0n;"),
+        ("M.logitsBytes = (a, s, b) => 2n * FP32", "M.logitsBytes = (a, s, b) => 1n * FP32"),
+        ("return blocks + M.normBytes(arch, B(s) * B(b), e) + M.logitsBytes(arch, s, b);",
+         "return blocks + M.normBytes(arch, B(s) * B(b), e);"),
+        ("? t * B(a.heads) * FP32 : B(a.heads)", "? 0n : B(a.heads)"),
+        ("B(arch.layers) * B(s) * B(b) * B(arch.hidden) * e + layer",
+         "B(arch.layers) * B(s) * B(b) * B(arch.hidden) * e"),
+        ("const gathers = u === 0 || !reshardAfterForward ? 1n : 2n;",
+         "const gathers = u === 0 ? 1n : 2n;"),
+        ("real += sizes[rank] * row;", "real += sizes[0] * row;"),
+        ("if (s.length === 2) adapters.push(", "if (s.length === 2 && s[0] === s[1]) adapters.push("),
+        ("(n > g && n % g ? null : Math.min(n, g))", "(n % g ? null : Math.min(n, g))"),
+        ("grads + root * c + 2n * block * c;", "grads + root * c + block * c;"),
+        ('const o = strategy === "ddp" ? count : share;',
+         'const o = strategy === "ddp" || strategy === "zero1" ? count : share;'),
+    )),
     # issue 38's audit: bugs in the checks' Checked paths, the ledger and the rendered-page scan
     # that no test noticed
     HandMutant(_CHECKS, "abs(g - w) / (abs(w) if rel else 1.0)",
@@ -523,6 +550,8 @@ def run_hand_mutant(m: HandMutant) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(ROOT / "src", Path(tmp) / "src",
                         ignore=shutil.ignore_patterns("__pycache__"))
+        # the widget's JavaScript: guide.memory.widget finds it beside the package (parents[3])
+        shutil.copytree(ROOT / "docs" / "_static", Path(tmp) / "docs" / "_static")
         (Path(tmp) / m.path).write_text(text.replace(m.old, m.new))
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
                "PYTHONPATH": str(Path(tmp) / "src")}  # ahead of the editable install's src/
