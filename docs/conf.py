@@ -225,14 +225,15 @@ def _section_the_gallery(app) -> None:
         index.write_text(sectioned)
 
 
-def _drop_empty_code_blocks(app, docname: str, source: list[str]) -> None:
+def _tidy_gallery_rst(app, docname: str, source: list[str]) -> None:
     if docname.startswith("auto_examples/"):
-        source[0] = gallery_order.without_empty_code_blocks(source[0])
+        source[0] = gallery_order.without_empty_code_blocks(
+            gallery_order.without_fault_points(source[0]))
 
 
 def setup(app):
     if ONLY:
         one_page.setup(app, ONLY, HERE.parent / "examples")
-    app.connect("source-read", _drop_empty_code_blocks)
+    app.connect("source-read", _tidy_gallery_rst)
     # After sphinx-gallery's generate_gallery_rst (builder-inited, priority 500) wrote the index.
     app.connect("builder-inited", _section_the_gallery, priority=600)

@@ -152,6 +152,16 @@ def without_empty_code_blocks(text: str) -> str:
     return _EMPTY_CODE_BLOCK.sub("", text)
 
 
+#: A test's tag on a page statement (tests/faults.py): ``  # fault-point: NAME`` ending a line.
+_FAULT_POINT = re.compile(r"[ \t]*#[ \t]*fault-point:[ \t]*\S+[ \t]*$", re.M)
+
+
+def without_fault_points(text: str) -> str:
+    """An example's generated rst without the ``# fault-point: NAME`` comments its tests inject
+    faults at: bookkeeping for the tests, not for the reader of the page."""
+    return _FAULT_POINT.sub("", text)
+
+
 def landing_rst(gallery_dir: str = "../examples") -> str:
     """The landing page's cards: per section a rubric, its caption and a ``minigallery`` of its
     examples (cards in story order)."""

@@ -138,3 +138,21 @@ def test_a_code_block_with_nothing_left_to_show_is_dropped_and_its_output_kept()
     assert cleaned == "Intro.\n\n" + out + kept + "\nMore text.\n"
     assert without_empty_code_blocks(cleaned) == cleaned
     assert without_empty_code_blocks(empty) == ""  # the page's last cell
+
+
+def test_fault_point_tags_are_not_on_the_rendered_page() -> None:
+    """A test's ``# fault-point: NAME`` tag is dropped from the code the reader sees; the
+    statement and any other comment stay."""
+    from gallery_order import without_fault_points
+    from sphinx_gallery.gen_rst import codestr2rst
+
+    code = ("model = wrap_ddp(build_model(CFG))  # fault-point: ddp-wrap\n"
+            "shard_fsdp2(model, mesh)  #fault-point:fsdp2-shard   \n"
+            "x = 1  # on GPU: DDP(model.cuda(rank))\n")
+    block = codestr2rst(code, lang="Python", lineno=3)
+    cleaned = without_fault_points(block)
+    assert "fault-point" not in cleaned
+    assert "    model = wrap_ddp(build_model(CFG))\n" in cleaned
+    assert "    shard_fsdp2(model, mesh)\n" in cleaned
+    assert "    x = 1  # on GPU: DDP(model.cuda(rank))\n" in cleaned
+    assert without_fault_points(cleaned) == cleaned
