@@ -49,6 +49,36 @@ def test_show_in_the_gallery_queues_the_table_for_the_block_it_stands_in(monkeyp
     assert report.gallery_scraper(None, None, None) == ""  # each table once
 
 
+def test_rows_keyed_by_a_mapping_name_their_records(capsys) -> None:
+    page = _page()
+    page.show("kit.shares", {"r0": ROWS[0], "r1": ROWS[1]}, COLS)
+    names = {r.name for r in page.ledger.records}
+    assert {"kit.shares.r0.elements", "kit.shares.r1.share"} <= names
+    assert not any("rank_0" in n for n in names)  # not the first column's text
+    assert "rank 1" in capsys.readouterr().out  # the rows, not their keys, are shown
+    with pytest.raises(ValueError, match="take no keys="):
+        page.show("kit.other", {"r0": ROWS[0]}, COLS, keys=["x"])
+
+
+def test_assume_adds_to_every_later_record_once(capsys) -> None:
+    page = _page()
+    page.state("kit.before", 1, "things")
+    page.assume(model="TinyLM", world_size=2)
+    page.state("kit.after", 2, "things")
+    with page.scope(steps=3):
+        page.show("kit.shares", ROWS, COLS)
+    by_name = {r.name: dict(r.assumptions) for r in page.ledger.records}
+    assert by_name["kit.before"] == {}
+    assert by_name["kit.after"] == {"model": "TinyLM", "world_size": "2"}
+    assert by_name["kit.shares.rank_0.share"] == {"model": "TinyLM", "world_size": "2",
+                                                  "steps": "3"}
+    page.assume(model="TinyLM")  # the same again: nothing changes
+    with pytest.raises(ValueError, match=r"\['model'\] already assumed"):
+        page.assume(model="Llama")
+    with pytest.raises(TypeError, match="did you mean .model."):
+        page.assume(modle="TinyLM")  # a typo names itself
+
+
 def test_a_table_without_a_name_may_hold_no_numbers(capsys) -> None:
     page = _page()
     with pytest.raises(ValueError, match="name it, so its numbers are recorded"):

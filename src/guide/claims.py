@@ -222,9 +222,8 @@ def _rounded(value: float, text: str) -> float:
 class Ledger:
     """The claims of one page: ``ledger = claims.Ledger("plot_memory", model="TinyLM")``.
 
-    Keyword arguments are assumptions every claim of the page shares (given once, not per call);
-    :meth:`scope` adds more for a block. In the docs build the page's previous records are
-    replaced by this run's.
+    Keyword arguments (and :meth:`assume`) are assumptions every claim of the page shares;
+    :meth:`scope` adds more for a block. A docs build replaces the page's previous records.
     """
 
     def __init__(self, page: str, **assumptions: Any) -> None:
@@ -258,6 +257,16 @@ class Ledger:
         if self.tables_path is not None:
             with self.tables_path.open("a") as f:
                 f.write(json.dumps(dataclasses.asdict(table), ensure_ascii=False) + "\n")
+
+    def assume(self, **assumptions: Any) -> None:
+        """From here on, every claim of the page also depends on ``assumptions`` (as if given to
+        the constructor). A page assumes a thing once: another value for a name is refused."""
+        check_assumptions(assumptions, "assume")
+        changed = sorted(k for k, v in assumptions.items() if self._scopes[0].get(k, v) != v)
+        if changed:
+            raise ValueError(f"assume: {changed} already assumed with other values; use "
+                             "scope(...) for a part of the page.")
+        self._scopes[0].update(assumptions)
 
     @contextlib.contextmanager
     def scope(self, **assumptions: Any) -> Iterator[Ledger]:

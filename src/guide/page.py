@@ -69,20 +69,33 @@ class Page:
         return (f"Page(section={d.section!r}, order={d.order}, key_api={d.key_api!r}, "
                 f"world_size={self.world_size})")
 
+    def assume(self, **assumptions: Any) -> None:
+        """From here on, every record of the page also depends on ``assumptions`` (its model, its
+        world size...): said once, not per call (:meth:`guide.claims.Ledger.assume`)."""
+        self.ledger.assume(**assumptions)
+
     @contextlib.contextmanager
     def scope(self, **assumptions: Any) -> Iterator[Page]:
         """Within ``with PAGE.scope(steps=20):`` every record also depends on ``steps=20``."""
         with self.ledger.scope(**assumptions):
             yield self
 
-    def show(self, name: str | None, rows: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]],
+    def show(self, name: str | None,
+             rows: Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]] | Mapping[str, Any],
              columns: Sequence[str] | None = None, *, formats: Mapping[str, str] | None = None,
              title: str | None = None, keys: Sequence[str] | None = None,
              **assumptions: Any) -> None:
         """Display a table now and record it as ``name``: each number cell as
         ``<name>.<row key>.<column>`` (a :class:`~guide.checked.Checked` cell with its check's
-        guard), and the table, which must then be on the rendered page. ``name=None`` shows a
-        table without numbers (shapes, names, placements); one with a number cell is refused."""
+        guard), and the table, which must then be on the rendered page. Rows given as a mapping
+        ``{row key: row}`` are keyed by it (else ``keys``, else the first column's text).
+        ``name=None`` shows a table without numbers (shapes, names, placements); one with a
+        number cell is refused."""
+        if isinstance(rows, Mapping):
+            if keys is not None:
+                raise ValueError(f"PAGE.show({name!r}, ...): rows keyed by a mapping take no "
+                                 "keys= (the mapping's keys name the rows).")
+            keys, rows = [str(k) for k in rows], list(rows.values())
         if name is None:
             numbers = [v for row in rows
                        for v in (row.values() if isinstance(row, Mapping) else row)
