@@ -90,15 +90,16 @@ BATCHES = synthetic_batches(steps=STEPS, batch_size=4 * WORLD_SIZE, seq_len=16,
 MODEL = dict(model=repr(CFG))
 
 model = build_model(CFG)
-n_params = PAGE.state("tinylm.main.params", sum(p.numel() for p in model.parameters()),
-                      "parameters", **MODEL)
+n_params = sum(p.numel() for p in model.parameters())
+PAGE.state("tinylm.main.params", n_params, "parameters", **MODEL)
+PAGE.assume(world_size=WORLD_SIZE, **MODEL)  # what every number below depends on
 print(model)
 PAGE.show("tinylm.main",
-          [["TinyLM", CFG.n_layers, n_params, n_params * 4 / 2**20, STEPS, BATCHES.shape[1],
-            BATCHES.shape[2] - 1]],
+          {"setup": ["TinyLM", CFG.n_layers, n_params, n_params * 4 / 2**20, STEPS,
+                     BATCHES.shape[1], BATCHES.shape[2] - 1]},
           ["model", "blocks", "parameters", "fp32 MiB", "global batches", "sequences each",
            "tokens each"],
-          formats={"parameters": ",", "fp32 MiB": ".2f"}, keys=["setup"], **MODEL)
+          formats={"parameters": ",", "fp32 MiB": ".2f"})
 
 # %%
 # The training step is the same for all three runs
@@ -110,14 +111,14 @@ PAGE.show("tinylm.main",
 # (:func:`guide.checks.assert_learns`, inside ``reference_run``): runs that match a reference that
 # does not learn would prove nothing.
 REFERENCE = {opt: reference_run(CFG, opt, BATCHES) for opt in ("sgd", "adamw")}
-ref_rows = []
+ref_rows = {}
 for opt, (losses, _) in REFERENCE.items():
     drop = checks.assert_learns(f"reference, {opt}", losses)  # as reference_run does
-    ref_rows.append([OPTIMIZERS[opt].label, losses[0], losses[-1], drop])
+    ref_rows[opt] = [OPTIMIZERS[opt].label, losses[0], losses[-1], drop]
 REF_COLS = ["reference", "loss at step 0", f"loss at step {STEPS - 1}", "loss drop"]
-with PAGE.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
-    PAGE.show("main-example.reference", ref_rows, REF_COLS, formats={c: ".4f" for c in REF_COLS[1:]},
-              keys=list(REFERENCE))
+with PAGE.scope(steps=STEPS):
+    PAGE.show("main-example.reference", ref_rows, REF_COLS,
+              formats={c: ".4f" for c in REF_COLS[1:]})
 
 # %%
 # The workers
@@ -169,7 +170,7 @@ full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
 initial = full_state(model)
 loss_tol, param_tol = checks.LOSS_TOL, checks.PARAM_TOL  # the site's, shown in the table
 
-rows, loss_gaps = [], []
+rows, loss_gaps = {}, []
 for (strategy, opt), results in runs.items():
     run = f"{strategy.label} x{WORLD_SIZE}, {opt}"
     layouts = [lay for r in results for lay in r.layouts]
@@ -186,12 +187,11 @@ for (strategy, opt), results in runs.items():
     d_param = checks.assert_params_match(run, ref_params, results[0].params, param_tol[opt],
                                          against=checks.SINGLE_PROCESS)
     loss_gaps.append(d_loss)
-    rows.append([run, d_loss, loss_tol, d_param, param_tol[opt]])
+    rows[f"{strategy.value}.{opt}"] = [run, d_loss, loss_tol, d_param, param_tol[opt]]
 
 COLS = ["run", "max loss gap", "loss tol", "max param gap", "param tol"]
-with PAGE.scope(steps=STEPS, world_size=WORLD_SIZE, **MODEL):
-    PAGE.show("main-example", rows, COLS, formats={c: ".1e" for c in COLS[1:]},
-              keys=[f"{s.value}.{o}" for s, o in runs])
+with PAGE.scope(steps=STEPS):
+    PAGE.show("main-example", rows, COLS, formats={c: ".1e" for c in COLS[1:]})
     max_gap = PAGE.check("main-example.max_loss_gap", max(loss_gaps), fmt=".1e")
 print("\nAll checks passed: DDP and FSDP2 reproduce the single-process run "
       "step for step.")
@@ -259,12 +259,11 @@ PAGE.show(None,
 # %%
 # One rank's shards, added up: about 1/N of the parameters (checked), against DDP's whole model.
 share = {r: held_elements[r].scaled(1 / n_params, "fraction") for r in ranks}
-with PAGE.scope(world_size=WORLD_SIZE, **MODEL):
-    PAGE.show("main-example.fsdp2.holdings",
-              [[f"rank {r}", n_params, held_elements[r], share[r]] for r in ranks],
-              ["FSDP2", "parameters (DDP: every rank)", "held", "share"],
-              formats={"share": ".1%", "held": ",.0f"}, keys=[f"rank{r}" for r in ranks])
-    PAGE.check("main-example.fsdp2.max_params_share", max(share.values()), fmt=".1%")
+PAGE.show("main-example.fsdp2.holdings",
+          {f"rank{r}": [f"rank {r}", n_params, held_elements[r], share[r]] for r in ranks},
+          ["FSDP2", "parameters (DDP: every rank)", "held", "share"],
+          formats={"share": ".1%", "held": ",.0f"})
+PAGE.check("main-example.fsdp2.max_params_share", max(share.values()), fmt=".1%")
 
 # %%
 # Bytes per step
@@ -281,13 +280,13 @@ shapes = list(full_shapes.values())
 steps_by = {DDP_: ddp_step(shapes, WORLD_SIZE),
             FSDP2_: fsdp2_step(fsdp2_groups(model), WORLD_SIZE)}
 sent = {s: sum(ring_bytes(c) for c in calls) for s, calls in steps_by.items()}
-with PAGE.scope(world_size=WORLD_SIZE, precision="fp32", **MODEL):
+with PAGE.scope(precision="fp32"):
     PAGE.show("main-example.bytes",
-              [[s.label, len(calls), sent[s] / 2**10] for s, calls in steps_by.items()],
+              {s.value: [s.label, len(calls), sent[s] / 2**10] for s, calls in steps_by.items()},
               ["strategy", "collective calls", "KiB sent per rank (ring model)"],
-              formats={"KiB sent per rank (ring model)": ",.1f"}, keys=[s.value for s in steps_by])
-    ratio = PAGE.state("main-example.bytes_ratio", sent[FSDP2_] / sent[DDP_], "× DDP's",
-                       fmt=".2f")
+              formats={"KiB sent per rank (ring model)": ",.1f"})
+    ratio = sent[FSDP2_] / sent[DDP_]
+    PAGE.state("main-example.bytes_ratio", ratio, "× DDP's", fmt=".2f")
 PAGE.conclude(
     f"Same step, measured: the largest loss gap is {max_gap:.1e} nats. Memory: an FSDP2 rank "
     f"holds at most {max(share.values()):.1%} of the parameters, a DDP rank all of them. "
