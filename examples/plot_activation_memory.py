@@ -659,8 +659,7 @@ with torch.device("meta"):
                        num_decoder_layers=32, dim_feedforward=4096, batch_first=True),
         nn.Linear(1024, 33278)])
 l_shapes = [tuple(p.shape) for p in lightning.parameters()]
-l_params = PAGE.state("lightning-demo.params", sum(math.prod(s) for s in l_shapes),
-                      "parameters")
+l_params = PAGE.state("lightning-demo.params", sum(math.prod(s) for s in l_shapes), "parameters")
 l_largest = max(sum(math.prod(p.shape) for p in m.parameters(recurse=False))
                 for m in lightning.modules())
 llama = PRESETS["llama-3-8b"]  # Llama-3.1-8B has the same shapes

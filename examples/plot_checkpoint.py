@@ -392,8 +392,7 @@ forgot = target(SINGLE, ROOT, "1 process", with_optimizer=False)
 # parameter, ``exp_avg``, ``exp_avg_sq`` and ``step``. "bytes read" is what one rank of the target
 # read from the ``.distcp`` files: a rank fetches only the saved chunks that overlap its own rows.
 usage = checkpoint.disk_usage(checkpoint.step_dir(ROOT, K))
-CKPT_BYTES = PAGE.state("checkpoint.distcp_bytes", sum(usage.file_bytes), "bytes",
-                        **SAVED)
+CKPT_BYTES = PAGE.state("checkpoint.distcp_bytes", sum(usage.file_bytes), "bytes", **SAVED)
 
 
 def worst(a: dict, b: dict, part: str) -> float:
@@ -545,8 +544,7 @@ checks.expect("checkpoint size", "all ranks",
               on_disk == SOURCE_N * expected - (SOURCE_N - 1) * steps_bytes,
               f"{on_disk:,} tensor bytes; expected {SOURCE_N} x {expected:,} less "
               f"{SOURCE_N - 1} x {steps_bytes:,} of step counters.")
-METADATA = PAGE.state("checkpoint.metadata_bytes", usage.metadata_bytes, "bytes",
-                      **SAVED)
+METADATA = PAGE.state("checkpoint.metadata_bytes", usage.metadata_bytes, "bytes", **SAVED)
 SAVE_S = PAGE.state("checkpoint.save_seconds", round(src["save_s"], 2), "s", **SAVED)
 PAGE.show("checkpoint.on_disk",
           [[f"rank {r}", usage.file_bytes[r], expected, usage.tensor_bytes[r], usage.entries[r],

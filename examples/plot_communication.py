@@ -317,8 +317,7 @@ for claim, run, key, want, assumptions in CLAIMS:
         said[claim] = got
         continue
     if want is None:  # nothing independent to compare with: computed
-        said[claim] = PAGE.state(f"tinylm.padded.{claim}", got, "× DDP's", fmt=".3f",
-                                 **assumptions)
+        said[claim] = PAGE.state(f"tinylm.padded.{claim}", got, "× DDP's", fmt=".3f", **assumptions)
         continue
     said[claim] = PAGE.check(f"tinylm.padded.{claim}", checks.expect_close(
         "comm ratio", claim, got, want, checks.ELEMENT_TOL, f"measured ratio at {WORLD_SIZE} "

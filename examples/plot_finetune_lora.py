@@ -672,8 +672,7 @@ for r, res in enumerate(LORA):
             unit="bytes")
     broadcast.append(peak.scaled(1 / MIB, "MiB"))
 # Computed: each rank compared its shards with the file bitwise before training (above).
-compared = PAGE.state("finetune.load.tensors_equal_to_file", LORA[0]["compared"], "tensors",
-                      **RUN)
+compared = PAGE.state("finetune.load.tensors_equal_to_file", LORA[0]["compared"], "tensors", **RUN)
 print(f"Each rank's shards of the {compared} pretrained tensors equal their rows of the file, "
       "bit for bit; the buffer is re-initialised.")
 rows = [[f"rank {r}",

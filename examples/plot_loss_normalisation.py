@@ -252,8 +252,7 @@ bug = per_rank[0]["per_rank_mean"]
 explained = checks.assert_params_match(
     f"FSDP2 x{WORLD_SIZE}, per-rank mean", REWEIGHTED["params"], bug["params"],
     checks.PARAM_TOL["sgd"], against="one process on the mean of the rank slices' means")
-explained = PAGE.check("loss_norm.per_rank_mean.matches_reweighted", explained, fmt=".1e",
-                       **SETUP)
+explained = PAGE.check("loss_norm.per_rank_mean.matches_reweighted", explained, fmt=".1e", **SETUP)
 print(f"\nThe per-rank mean trains on the mean of the ranks' means: its parameters match one "
       f"process minimising that objective within {explained:.1e}.")
 

@@ -419,8 +419,7 @@ def lost_share(name: str, end: str) -> float:
     independent value and stays computed."""
     share, claim = (min if end == "min" else max)(lost[name]), f"{claim_key(name)}.lost_in_bf16"
     if end == "max":
-        return PAGE.state(f"{claim}.max", round(share, 2), "fraction of changed elements",
-                          **SETUP)
+        return PAGE.state(f"{claim}.max", round(share, 2), "fraction of changed elements", **SETUP)
     return PAGE.check(f"{claim}.min", checks.expect_order(
         "master weights", f"FSDP2 x{WORLD_SIZE} {name}", 0.0, share, low_name="0",
         high_name="share lost in bf16, min over ranks", keep="high"),

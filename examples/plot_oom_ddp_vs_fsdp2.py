@@ -375,8 +375,7 @@ SHAPES = memory.param_shapes(build_model(CFG))
 n_params = PAGE.state("tinylm.oom.params", sum(math.prod(s) for s in SHAPES),
                       "parameters", model=repr(CFG))
 P = n_params * 4
-p_mib = PAGE.state("tinylm.oom.params_fp32", round(P / MiB, 1), "MiB",
-                   model=repr(CFG))
+p_mib = PAGE.state("tinylm.oom.params_fp32", round(P / MiB, 1), "MiB", model=repr(CFG))
 print(f"model: {n_params:,} parameters, P = {p_mib:.1f} MiB in fp32")
 
 # %%
@@ -466,10 +465,8 @@ need_order = checks.expect_order("DDP out of memory", f"DDP x{WORLD_SIZE}", head
                                  high_name="DDP's unconstrained peak", unit="MiB", keep="high")
 start_mib = PAGE.state("oom.fresh_rank.vmdata", round(START / MiB), "MiB",
                        world_size=" and ".join(map(str, sorted({WORLD_SIZE, *FSDP_NS}))))
-budget = PAGE.state("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADROOM,
-                    **RUN)
-need_mib = PAGE.check(f"oom.ddp.n{WORLD_SIZE}.unconstrained_peak", need_order, fmt=".0f",
-                      **RUN)
+budget = PAGE.state("oom.budget_per_rank", BUDGET_MIB, "MiB", headroom_p=HEADROOM, **RUN)
+need_mib = PAGE.check(f"oom.ddp.n{WORLD_SIZE}.unconstrained_peak", need_order, fmt=".0f", **RUN)
 # Under torchrun the ranks are not fresh: they ran this script (and the reference) first.
 where = ("torchrun's ranks start the jobs" if guide.under_torchrun()
          else "a fresh rank starts")
@@ -525,8 +522,7 @@ for n, results in fsdp.items():
     gap = checks.assert_losses_match(f"FSDP2 x{n} under {BUDGET_MIB} MiB", ref_losses,
                                      mean_over_ranks([r.losses for r in results]),
                                      against=checks.SINGLE_PROCESS)
-    gap = PAGE.check(f"oom.fsdp2.n{n}.max_loss_gap", gap, fmt=".1e", budget_mib=BUDGET_MIB,
-                     **RUN)
+    gap = PAGE.check(f"oom.fsdp2.n{n}.max_loss_gap", gap, fmt=".1e", budget_mib=BUDGET_MIB, **RUN)
     print(f"FSDP2 x{n}: {STEPS} steps within {BUDGET_MIB} MiB per rank; losses match "
           f"the single-process reference within {gap:.1e} (tol {loss_tol:.0e})")
 
@@ -541,8 +537,7 @@ for n, results in fsdp.items():
 # count: activations, the root and blocks FSDP2 gathers and reduces, the optimizer's temporaries.
 runs = {(Strategy.DDP, WORLD_SIZE): ddp_free,
         **{(Strategy.FSDP2, n): results for n, results in fsdp.items()}}
-headroom_mib = PAGE.state("oom.headroom", round(headroom / MiB), "MiB",
-                          headroom_p=HEADROOM, **RUN)
+headroom_mib = PAGE.state("oom.headroom", round(headroom / MiB), "MiB", headroom_p=HEADROOM, **RUN)
 rows = []
 for (strategy, n), results in runs.items():
     predicted = memory.per_rank_state_bytes(SHAPES, strategy, n, "fp32", OPTIMIZER,

@@ -345,8 +345,7 @@ for name, res in results.items():
     step_ms[name] = statistics.median(r.step_s for r in res) * 1e3
     name_kept = claim_name(name, "kept_after_forward")
     if name == "True":  # the baseline the others are measured from: 0 by construction
-        cell = PAGE.state(name_kept, extra / MiB, "MiB", fmt=".2f", baseline=True,
-                          **SETUP)
+        cell = PAGE.state(name_kept, extra / MiB, "MiB", fmt=".2f", baseline=True, **SETUP)
         label = f"{name} (the baseline)"
     else:
         kept_mib = checks.expect_close(
