@@ -61,7 +61,7 @@ def data_parallel_meshes(device_type: str, world_size: int) -> dict:
     """The 2-D mesh (HSDP), its shard dim alone, and both dims flattened into one (FSDP)."""
     mesh = init_device_mesh(device_type, (2, world_size // 2),
                             mesh_dim_names=("dp_replicate", "dp_shard"))
-    return {"hsdp": mesh, "sub": mesh["dp_shard"],
+    return {"hsdp": mesh, "sub": mesh["dp_shard"],  # fault-point: sub-mesh
             "flat": mesh["dp_replicate", "dp_shard"]._flatten()}  # private in torch 2.13
 
 
@@ -108,7 +108,7 @@ def tied_model() -> torch.nn.Module:
 
 
 def untied_run(rank: guide.Rank, ends_as_units: bool) -> dict:
-    model = shard(build_model(CFG, device=rank.device),
+    model = shard(build_model(CFG, device=rank.device),  # fault-point: untied-shard
                   init_device_mesh(rank.device.type, (rank.world_size,)), ends_as_units)
     opt = make_optimizer("sgd", model.parameters())
     losses = train_steps(model, opt, BATCHES[:-1], rank)
@@ -388,6 +388,10 @@ PAGE.show("units.meshes", mesh_rows, ["mesh passed to fully_shard", "placements"
           title=f"{WORLD_SIZE} ranks as 2 replicas x {half} shards", keys=list(MESHES), **SETUP)
 PAGE.conclude("Pass the 2-D mesh for HSDP, a flattened 1-D mesh to shard over every rank, and "
               "never one dim of a larger data-parallel mesh alone.")
+# sphinx_gallery_start_ignore
+# What the tests (tests/test_choosing_units.py) read of this run, and nothing else.
+RESULT = dict(CFG=CFG, sizes=sizes, per_rank=per_rank, mesh_rows=mesh_rows)
+# sphinx_gallery_end_ignore
 
 # %%
 # A check that fails stops the page with its name, so this line prints only when every check

@@ -104,17 +104,17 @@ def ddp_save(model, opt, path):
 def ddp_load(model, opt, path):
     state = torch.load(path, map_location=next(model.parameters()).device, weights_only=True)
     model.module.load_state_dict(state["model"])
-    opt.load_state_dict(state["optim"])
+    opt.load_state_dict(state["optim"])  # fault-point: ddp-load-optim
 
 
 # -- after: FSDP2 -------------------------------------------------------------------------------
 def fsdp2_setup(model_fn, device, dtype=torch.bfloat16, lr=1e-2):
     model = model_fn().to(device)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))  # fault-point: fsdp2-mesh
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for block in model.blocks:  # one unit per block, then the root
         fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)  # fault-point: fsdp2-root
     opt = torch.optim.AdamW(model.parameters(), lr=lr)  # after fully_shard: on the DTensors
     return model, opt
 
@@ -132,8 +132,8 @@ def fsdp2_train(model, opt, batches, k, max_norm):
         loss = 0.0
         for m, tokens in enumerate(batch.chunk(k), start=1):
             model.set_requires_gradient_sync(m == k)  # reduce-scatter on the last only
-            loss += fsdp2_micro_step(model, tokens, k)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            loss += fsdp2_micro_step(model, tokens, k)  # fault-point: fsdp2-micro-step
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # fault-point: clip
         opt.step()
         opt.zero_grad()
         losses.append(loss)

@@ -93,8 +93,8 @@ def shard(model: nn.Module, mesh, cast_forward_inputs: bool = True,
     dtypes = dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=MixedPrecisionPolicy(
-            **dtypes, cast_forward_inputs=cast_forward_inputs))
-    return fully_shard(model, mesh=mesh,
+            **dtypes, cast_forward_inputs=cast_forward_inputs))  # fault-point: block-policy
+    return fully_shard(model, mesh=mesh,  # fault-point: root-policy
                        mp_policy=MixedPrecisionPolicy(**dtypes, output_dtype=output_dtype))
 
 
@@ -150,7 +150,7 @@ RUNS = (Run("fp32_built", "built in fp32"), Run("bf16_built", "built in bf16", b
 def build(dtype: torch.dtype) -> RopeLM:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return RopeLM(VOCAB).to(dtype)
+        return RopeLM(VOCAB).to(dtype)  # fault-point: build
 
 
 def loss_of(model: nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,7 +200,7 @@ results = {r.key: [out[r.key] for out in per_rank] for r in RUNS}
 
 def reference(dtype: torch.dtype) -> dict:
     """One process, the model unsharded and built in ``dtype``, the whole batch, the same step."""
-    model = build(dtype)
+    model = build(dtype)  # fault-point: reference-build
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     before = [p.detach().clone() for p in model.parameters()]
     loss_of(model, BATCH)[0].backward()
@@ -363,6 +363,10 @@ PAGE.show(None, out_rows, ["root policy", "logits dtype"])
 PAGE.conclude("Set output_dtype=torch.float32 on the root's policy only: the model then returns "
               "fp32 logits to the loss; on a block it would be undone by the next unit's input "
               "cast (plot_mixed_precision shows why).")
+# sphinx_gallery_start_ignore
+# What the tests (tests/test_mixed_precision_pitfalls.py) read of this run, and nothing else.
+RESULT = dict(results=results, shares=shares, TABLE=TABLE)
+# sphinx_gallery_end_ignore
 
 # %%
 # A check that fails stops the page with its name, so this line prints only when every check

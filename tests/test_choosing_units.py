@@ -2,22 +2,19 @@
 
 The page asserts what a ``fully_shard`` call costs: the root's reduce-scatter with an untied
 embedding and head left in it, torch's rule for tied weights, and what each mesh does. The tests
-read the page's results after one in-process run (4 ranks), hold the page to torch's words for
-the tied-weight refusal, and inject the mistakes its checks guard against into its source: the
-page must then fail by the check's name.
+read the page's ``RESULT`` after one in-process run (4 ranks), hold the page to torch's words for
+the tied-weight refusal, and inject the mistakes its checks guard against at the page's tagged
+fault points (tests/faults.py): the page must then fail by the check's name.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
-import runpy
-import warnings
 from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, run_python
+from faults import fault_points, write_faulty
 
 PAGE = EXAMPLES / "plot_choosing_units.py"
 
@@ -26,37 +23,30 @@ REFUSAL = ("ValueError: Parameter 'head.weight' is shared with a parameter alrea
            "another FSDP group. For shared/tied parameters, use fully_shard([module_a, "
            "module_b]) to place them in the same FSDP group.")
 
-#: fault -> ((anchor, replacement), the check that must fail)
+#: Faults injected into the page's tagged fault points (tests/faults.py): (tag, replacement).
 FAULTS = {
-    # the embedding and head never get their own units: the predicted buffers are not logged
-    "ends_stay_in_root": (("    if ends_as_units:  # untied: each its own reduce-scatter\n",
-                           "    if False:  # untied: each its own reduce-scatter\n"),
-                          r"\[reduce-scatters\] FSDP2 x4, embedding, head: own units"),
+    # the embedding and head never get their own units (the untied runs shard them with
+    # ends_as_units=False): the predicted buffers are not logged
+    "ends_stay_in_root": [
+        ("untied-shard", "model = shard(build_model(CFG, device=rank.device),\n"
+                         "              init_device_mesh(rank.device.type, (rank.world_size,)), "
+                         "ends_as_units=False)")],
     # the sub-mesh row is really the flattened mesh: the rows per rank must give it away
-    "sub_mesh_is_flat": (('    return {"hsdp": mesh, "sub": mesh["dp_shard"],\n',
-                          '    return {"hsdp": mesh, "sub": mesh["dp_replicate", "dp_shard"]'
-                          '._flatten(),\n'),
-                         r"\[local rows\] FSDP2 x4, mesh\[\"dp_shard\"\] only"),
+    "sub_mesh_is_flat": [
+        ("sub-mesh", 'return {"hsdp": mesh, "sub": mesh["dp_replicate", "dp_shard"]._flatten(),\n'
+                     '        "flat": mesh["dp_replicate", "dp_shard"]._flatten()}')],
+}
+#: fault -> the check that must fail, by name
+EXPECTED = {
+    "ends_stay_in_root": r"\[reduce-scatters\] FSDP2 x4, embedding, head: own units",
+    "sub_mesh_is_flat": r"\[local rows\] FSDP2 x4, mesh\[\"dp_shard\"\] only",
 }
 
 
-def inject(source: str, fault: str) -> str:
-    (anchor, replacement), _ = FAULTS[fault]
-    assert source.count(anchor) == 1, f"fault {fault!r}: anchor found {source.count(anchor)} times"
-    return source.replace(anchor, replacement)
-
-
-@pytest.fixture(scope="module")
-def page() -> dict:
-    """The page's globals after one run in this process (its output under ``"OUTPUT"``)."""
-    import matplotlib.pyplot as plt
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        namespace = runpy.run_path(str(PAGE), run_name="__main__")
-    plt.close("all")
-    return {**namespace, "OUTPUT": out.getvalue()}
+def test_every_fault_point_is_tagged_once() -> None:
+    points = fault_points(PAGE.read_text())
+    tags = {tag for edits in FAULTS.values() for tag, _ in edits}
+    assert {tag: len(points.get(tag, [])) for tag in tags} == dict.fromkeys(tags, 1)
 
 
 def test_the_page_passes(page: dict) -> None:
@@ -64,7 +54,7 @@ def test_the_page_passes(page: dict) -> None:
 
 
 def test_separate_ends_halve_the_largest_reduce_scatter_at_the_same_total(page: dict) -> None:
-    cfg, sizes = page["CFG"], page["sizes"]
+    cfg, sizes = page["RESULT"]["CFG"], page["RESULT"]["sizes"]
     emb = 4 * cfg.vocab * cfg.d_model  # fp32 bytes of one (vocab, d_model) matrix
     root = 2 * emb + 4 * (cfg.max_seq * cfg.d_model + 2 * cfg.d_model)
     assert sizes["root_only"][0] == root and sizes["ends_as_units"][0] == emb
@@ -87,20 +77,18 @@ def test_the_page_prints_torchs_refusal_of_tied_weights_apart(page: dict) -> Non
 def test_each_mesh_places_and_averages_as_torch_says(page: dict) -> None:
     from torch.distributed.tensor import Replicate, Shard
 
-    mesh = page["per_rank"][0]["mesh"]
+    mesh = page["RESULT"]["per_rank"][0]["mesh"]
     assert mesh["hsdp"]["placements"] == (Replicate(), Shard(0))
     assert mesh["flat"]["placements"] == mesh["sub"]["placements"] == (Shard(0),)
     assert mesh["hsdp"]["groups"] == {"reduce_scatter": [2], "all_reduce": [2]}
     assert mesh["sub"]["groups"] == {"reduce_scatter": [2], "all_reduce": []}
     assert mesh["flat"]["groups"] == {"reduce_scatter": [4], "all_reduce": []}
-    rows = [r[-1] for r in page["mesh_rows"]]
+    rows = [r[-1] for r in page["RESULT"]["mesh_rows"]]
     assert rows == ["yes", "yes", "no"]
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_an_injected_mistake_fails_the_page_by_name(fault: str, tmp_path: Path) -> None:
-    script = tmp_path / PAGE.name
-    script.write_text(inject(PAGE.read_text(), fault))
-    run = run_python(script, timeout=280)
+    run = run_python(write_faulty(PAGE, FAULTS[fault], tmp_path), timeout=280)
     assert run.returncode != 0, f"{fault}: the page passed with the fault\n{run.output[-3000:]}"
-    assert re.search(FAULTS[fault][1], run.output), f"{fault}: not found:\n{run.output[-3000:]}"
+    assert re.search(EXPECTED[fault], run.output), f"{fault}: not found:\n{run.output[-3000:]}"
