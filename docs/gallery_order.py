@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+from guide import fault_points
 from guide.declaration import declared_page
 
 
@@ -152,14 +153,10 @@ def without_empty_code_blocks(text: str) -> str:
     return _EMPTY_CODE_BLOCK.sub("", text)
 
 
-#: A test's tag on a page statement (tests/faults.py): ``  # fault-point: NAME`` ending a line.
-_FAULT_POINT = re.compile(r"[ \t]*#[ \t]*fault-point:[ \t]*\S+[ \t]*$", re.M)
-
-
 def without_fault_points(text: str) -> str:
     """An example's generated rst without the ``# fault-point: NAME`` comments its tests inject
-    faults at: bookkeeping for the tests, not for the reader of the page."""
-    return _FAULT_POINT.sub("", text)
+    faults at (:mod:`guide.fault_points`): bookkeeping for the tests, not for the reader."""
+    return fault_points.without_tags(text)
 
 
 def landing_rst(gallery_dir: str = "../examples") -> str:

@@ -182,7 +182,6 @@ def fsdp2_load(model, opt, path):
 # these CPUs the page passes ``torch.float32``, so that both runs can be held to the fp32 reference
 # at fp32 tolerances (bf16 is held to its own tolerance on :doc:`plot_mixed_precision`).
 import functools
-import inspect
 
 import matplotlib.pyplot as plt
 
@@ -350,10 +349,8 @@ plt.show()
 # The diff of the two scripts as the page ran them (their source, read back with ``inspect``):
 # blank and comment lines ignored, and the functions' ``ddp_``/``fsdp2_`` prefixes too, since they
 # only tell the two scripts apart on this page (:mod:`guide.script_diff`).
-BEFORE = "\n".join(inspect.getsource(f) for f in (ddp_setup, ddp_micro_step, ddp_train,
-                                                   ddp_save, ddp_load))
-AFTER = "\n".join(inspect.getsource(f) for f in (fsdp2_setup, fsdp2_micro_step, fsdp2_train,
-                                                  fsdp2_save, fsdp2_load))
+BEFORE = script_diff.source(ddp_setup, ddp_micro_step, ddp_train, ddp_save, ddp_load)
+AFTER = script_diff.source(fsdp2_setup, fsdp2_micro_step, fsdp2_train, fsdp2_save, fsdp2_load)
 LINES = script_diff.diff_lines(BEFORE, AFTER, rename={"ddp_": "fsdp2_"})
 COUNT = script_diff.counts(LINES)
 checks.expect_close("diff", "DDP -> FSDP2", COUNT["before"] + COUNT["added"] - COUNT["removed"],

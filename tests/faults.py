@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import ast
 import io
-import re
 import textwrap
 import tokenize
 from pathlib import Path
 
-TAG = re.compile(r"#\s*fault-point:\s*(\S+)\s*$")
-_TAG_COMMENTS = re.compile(r"[ \t]*#\s*fault-point:\s*\S+[ \t]*$", re.MULTILINE)
+from guide.fault_points import TAG, without_tags  # one pattern: the rendered page drops it
+
 STATEMENT = "{statement}"
 
 
@@ -56,7 +55,7 @@ def inject(source: str, edits: list[tuple[str, str]], page: str = "the page") ->
         first, last = node.lineno - 1, node.end_lineno  # the statement's whole lines
         indent = text[first][:node.col_offset]
         statement = textwrap.dedent("".join(text[first:last]))
-        statement = _TAG_COMMENTS.sub("", statement).strip("\n")
+        statement = without_tags(statement).strip("\n")
         new = textwrap.dedent(replacement).replace(STATEMENT, statement).rstrip("\n")
         new = textwrap.indent(new + "\n", indent, lambda ln: True) if new.strip() else ""
         source = "".join(text[:first]) + new + "".join(text[last:])

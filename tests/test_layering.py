@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "guide"
 #: Low to high. A module belongs to the longest entry that is a prefix of its name; it may import
 #: modules of its own entry or of an entry before it.
 LAYERS = (
-    "guide.validate", "guide.world_sizes", "guide.checked", "guide.claims", "guide.constants",
+    "guide.fault_points", "guide.validate", "guide.world_sizes", "guide.checked", "guide.claims", "guide.constants",
     "guide.launcher", "guide.declaration", "guide.model", "guide.data", "guide.layout", "guide.sharding",
     "guide.optimizers", "guide.memory", "guide.comm", "guide.unshard_timeline", "guide.host_copies", "guide.checks",
     "guide.training",

@@ -16,11 +16,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import html
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 
+from guide.fault_points import without_tags
 from guide.report import Table
 
-__all__ = ["DiffLine", "code_lines", "counts", "diff_lines", "side_by_side"]
+__all__ = ["DiffLine", "code_lines", "counts", "diff_lines", "side_by_side", "source"]
 
 #: The kinds of aligned line: kept as is, changed in place, only before, only after.
 KINDS = ("same", "changed", "removed", "added")
@@ -34,6 +36,12 @@ class DiffLine:
     kind: str
     before: str
     after: str
+
+
+def source(*functions: Callable) -> str:
+    """The source of ``functions`` as the page defines them, one after another, without the tags
+    its tests inject faults at (:mod:`guide.fault_points`): the script a reader would copy."""
+    return "\n".join(without_tags(inspect.getsource(f)) for f in functions)
 
 
 def code_lines(source: str) -> list[str]:
