@@ -48,8 +48,8 @@ def shard_offloaded(model: torch.nn.Module, mesh) -> torch.nn.Module:
     """One FSDP2 unit per block, then the root, all with their shards on the host."""
     policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, offload_policy=policy)
-    return fully_shard(model, mesh=mesh, offload_policy=policy)
+        fully_shard(block, mesh=mesh, offload_policy=policy)  # fault-point: offload-blocks
+    return fully_shard(model, mesh=mesh, offload_policy=policy)  # fault-point: offload-root
 
 
 def train_step(model, opt, tokens, loss_fn) -> float:
@@ -207,7 +207,7 @@ MiB = 2**20
 units = [[tuple(p.shape) for p in unit] for unit in sharding.fsdp2_units(build_model(CFG))]
 rows, keys = [], []
 for r, (res_off, res_plain) in enumerate(zip(off, plain)):
-    want = offload_traffic(units, WORLD_SIZE, "fp32", rank=r)
+    want = offload_traffic(units, WORLD_SIZE, "fp32", rank=r)  # fault-point: predicted-copies
     for direction, count, nbytes in (("to_device", want.to_device_copies, want.to_device),
                                      ("to_host", want.to_host_copies, want.to_host)):
         got_n, got_b = res_off[direction]

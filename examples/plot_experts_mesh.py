@@ -61,7 +61,7 @@ def shard_moe(model, world, mesh, shard_placement_fn=expert_dim1, divide_by_worl
         experts = fully_shard(block.moe.experts, mesh=mesh["dp"],
                               shard_placement_fn=shard_placement_fn)
         if divide_by_world:  # its gradients summed the tokens of the whole EP group
-            experts.set_gradient_divide_factor(float(world.size()))
+            experts.set_gradient_divide_factor(float(world.size()))  # fault-point: divide-factor
             experts.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
         fully_shard(block, mesh=world)  # attention, norms, router: every rank
     return fully_shard(model, mesh=world)
@@ -77,7 +77,8 @@ def clip_across_meshes(model, max_norm: float, ep_group) -> torch.Tensor:
     dense, experts = split_params(model)
     dense_sq = get_total_norm([p.grad for p in dense]).full_tensor() ** 2
     expert_sq = get_total_norm([p.grad for p in experts]).full_tensor() ** 2  # my experts
-    dist.all_reduce(expert_sq, group=ep_group)  # + the other EP ranks' experts
+    # + the other EP ranks' experts
+    dist.all_reduce(expert_sq, group=ep_group)  # fault-point: ep-all-reduce
     total = (dense_sq + expert_sq).sqrt()
     for params in (dense, experts):
         clip_grads_with_norm_(params, max_norm, total)
@@ -446,3 +447,8 @@ PAGE.conclude(
     f"(ratio {float(fault_rows[0][3]):.3f} without it), and clip_across_meshes clips as one "
     f"process (norm gap {clip_rows[0][1]:.1e}).")
 # sphinx_gallery_thumbnail_number = 1
+# sphinx_gallery_start_ignore
+# What the tests (tests/test_experts_mesh.py) read of this run, and nothing else.
+RESULT = dict(results=results, shapes=shapes, expected=expected, EXPERT_NAMES=EXPERT_NAMES,
+              clip_norms=clip_norms, ShardPlacementResult=ShardPlacementResult)
+# sphinx_gallery_end_ignore

@@ -381,8 +381,9 @@ def accumulate_without_regather(model, opt, micro_batches, loss_fn, probe=None) 
     loss = 0.0
     for m, micro in enumerate(micro_batches):
         last = m == k - 1
-        model.set_requires_gradient_sync(last)  # reduce-scatter on the last micro-batch only
-        model.set_reshard_after_backward(last)  # keep the gathered parameters until then
+        # reduce-scatter on the last micro-batch only, and keep the gathered parameters until then
+        model.set_requires_gradient_sync(last)  # fault-point: sync-on-last
+        model.set_reshard_after_backward(last)  # fault-point: reshard-on-last
         model.set_is_last_backward(last)  # more backwards follow until the last
         with probe if (probe is not None and m == 0) else contextlib.nullcontext():
             loss += backward(model, micro, loss_fn, k)
@@ -523,10 +524,10 @@ def hsdp_run(rank: guide.Rank, mode: str) -> dict:
         loss = 0.0
         for m, micro in enumerate(mine[i]):
             last = m == K - 1
-            if mode == "no sync":
-                model.set_requires_gradient_sync(last)  # neither reduce-scatter nor all-reduce
-            elif mode == "no all-reduce":
-                model.set_requires_all_reduce(last)  # reduce-scatter; all-reduce on the last only
+            if mode == "no sync":  # neither reduce-scatter nor all-reduce
+                model.set_requires_gradient_sync(last)
+            elif mode == "no all-reduce":  # reduce-scatter; all-reduce on the last only
+                model.set_requires_all_reduce(last)  # fault-point: all-reduce-on-last
             with probe if (probe is not None and m == 0) else contextlib.nullcontext():
                 loss += backward(model, micro, next_token_loss, K)
         opt.step()

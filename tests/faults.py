@@ -70,6 +70,21 @@ def write_faulty(page: Path, edits: list[tuple[str, str]], dest_dir: Path) -> Pa
     return dest
 
 
+def assert_fails_by_name(page: Path, fault: str, edits: list[tuple[str, str]], pattern: str,
+                         dest_dir: Path, timeout: float):
+    """Run ``page`` with ``edits`` injected as a user would (``python page.py``): it must exit
+    non-zero, say ``pattern`` and stop before its last line (``All checks passed.``). Returns the
+    run (``conftest.Run``) for a test's own checks; ``fault`` names the fault in a failure."""
+    from conftest import run_python
+
+    run = run_python(write_faulty(page, edits, dest_dir), timeout=timeout)
+    tail = run.output[-3000:]
+    assert run.returncode != 0, f"{fault}: the page passed with the fault\n{tail}"
+    assert re.search(pattern, run.output), f"{fault}: {pattern} not found\n{tail}"
+    assert "All checks passed." not in run.output, f"{fault}: the page reached its end\n{tail}"
+    return run
+
+
 # -- the main example's faults (examples/plot_ddp_vs_fsdp2.py) -----------------------------------
 
 def _on_rank1_at_step3(action: str) -> str:

@@ -8,12 +8,12 @@ when the policy it teaches is left out.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXAMPLES, run_python
+from conftest import EXAMPLES
+from faults import assert_fails_by_name
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -134,27 +134,20 @@ def test_counted_copies_on_ranks_are_the_predicted_bytes() -> None:
 
 # -- the page ------------------------------------------------------------------------------------
 
-#: Faults injected into the page: the policy left out of its own code; the prediction of a
-#: block's backward gather forgotten. Each must stop the page at the copy check.
+#: Faults injected into the page's tagged fault points (tests/faults.py): (tag, replacement).
 FAULTS = {
-    "policy_left_out": ("        fully_shard(block, mesh=mesh, offload_policy=policy)\n"
-                        "    return fully_shard(model, mesh=mesh, offload_policy=policy)\n",
-                        "        fully_shard(block, mesh=mesh)\n"
-                        "    return fully_shard(model, mesh=mesh)\n"),
-    "backward_gathers_unpriced": (
-        '    want = offload_traffic(units, WORLD_SIZE, "fp32", rank=r)\n',
-        '    want = offload_traffic(units, WORLD_SIZE, "fp32", rank=r, '
-        'reshard_after_forward=False)\n'),
+    # the policy left out of the page's own code
+    "policy_left_out": [("offload-blocks", "fully_shard(block, mesh=mesh)"),
+                        ("offload-root", "return fully_shard(model, mesh=mesh)")],
+    # the prediction of a block's backward gather forgotten
+    "backward_gathers_unpriced": [("predicted-copies",
+                                   'want = offload_traffic(units, WORLD_SIZE, "fp32", rank=r, '
+                                   'reshard_after_forward=False)')],
 }
+#: Each fault must stop the page at the copy (or placement) check.
+EXPECTED = r"\[offload (copies|placement)\]"
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_an_injected_fault_fails_the_page(fault: str, tmp_path: Path) -> None:
-    anchor, replacement = FAULTS[fault]
-    source = PAGE.read_text()
-    assert source.count(anchor) == 1, f"fault {fault!r}: anchor not found once"
-    script = tmp_path / PAGE.name
-    script.write_text(source.replace(anchor, replacement))
-    run = run_python(script, timeout=400)
-    assert run.returncode != 0, f"{fault}: the page passed with the fault\n{run.output[-3000:]}"
-    assert re.search(r"\[offload (copies|placement)\]", run.output), run.output[-3000:]
+    assert_fails_by_name(PAGE, fault, FAULTS[fault], EXPECTED, tmp_path, timeout=400)

@@ -3,23 +3,20 @@
 :mod:`guide.experts` is held to independent arithmetic: the MoE layer to a per-token loop over
 the chosen experts, the expected layout to ``torch.chunk`` itself, expert parallelism on 2 gloo
 ranks to the single-process layer (outputs and gradients). The page runs once in this process and
-must show torch's own words; two faults injected into its source (the experts' divide factor
-dropped, the EP all-reduce of the clip dropped) must fail it by the check's name.
+must show torch's own words; two faults injected into its tagged fault points (the experts' divide
+factor dropped, the EP all-reduce of the clip dropped) must fail it by the check's name.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
-import runpy
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import EXAMPLES, run_python
+from conftest import EXAMPLES
+from faults import assert_fails_by_name
 
 import guide
 from guide.experts import (Experts, MoE, all_to_all, build_moe_model, expected_expert_layout,
@@ -149,19 +146,6 @@ def test_expert_parallel_computes_the_single_process_layer() -> None:
 
 # -- the page --------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def page() -> dict:
-    """The page's globals after one run, in this process (its output under ``"OUTPUT"``)."""
-    import matplotlib.pyplot as plt
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # plt.show() on Agg
-        namespace = runpy.run_path(str(PAGE), run_name="__main__")
-    plt.close("all")
-    return {**namespace, "OUTPUT": out.getvalue()}
-
-
 #: What torch's clip_grad_norm_ says across the two meshes: the stack strategy's ValueError
 #: (``torch/distributed/tensor/_ops/_tensor_ops.py``), which torch 2.13's DTensor dispatch wraps in
 #: a RuntimeError. The sentence is torch 2.13's, and the same in older and newer releases'
@@ -224,62 +208,54 @@ def test_the_mesh_mismatch_is_recognised_in_each_torchs_words(message, ok) -> No
 def test_the_placement_check_sees_the_default_shard0(page: dict) -> None:
     """The layout check is not vacuous: Shard(0) experts (the default) fail the Shard(1) formula,
     and the Shard(0) shapes are uneven (two local experts on one rank, one on the other)."""
-    expected, shapes = page["expected"], page["shapes"]
-    wrong = {lay.name for i, r in enumerate(page["results"]) for lay in r["default_layouts"]
+    result = page["RESULT"]
+    expected, shapes = result["expected"], result["shapes"]
+    wrong = {lay.name for i, r in enumerate(result["results"]) for lay in r["default_layouts"]
              if (lay.placements, lay.local_shape)
              != expected(lay.name, shapes.get_parameter(lay.name), r, i, 1)[:2]}
-    assert wrong == page["EXPERT_NAMES"]
-    rows = {r["dp_rank"]: lay.local_shape[0] for r in page["results"]
+    assert wrong == result["EXPERT_NAMES"]
+    rows = {r["dp_rank"]: lay.local_shape[0] for r in result["results"]
             for lay in r["default_layouts"] if lay.name == "blocks.0.moe.experts.w1"}
     assert rows == {0: 2, 1: 1}
 
 
 def test_the_per_mesh_norm_misses_the_other_experts(page: dict) -> None:
     """One norm per mesh is smaller than the true norm, and differs between the EP ranks."""
-    naive = [r["clipped"]["naive"][0] for r in page["results"]]
-    true = page["clip_norms"][0]
+    results = page["RESULT"]["results"]
+    naive = [r["clipped"]["naive"][0] for r in results]
+    true = page["RESULT"]["clip_norms"][0]
     assert all(n < true - 1e-3 for n in naive) and abs(naive[0] - naive[1]) > 1e-4
-    fault, fixed = (page["results"][0][k][1] for k in ("fault", "fixed"))
+    fault, fixed = (results[0][k][1] for k in ("fault", "fixed"))
     assert fault == pytest.approx(2 * fixed, rel=1e-5)
 
 
 def test_one_group_places_as_two_groups_where_torch_has_it(page: dict) -> None:
     """torch 2.13's ShardPlacementResult: one fully_shard per block gives section 1's layout."""
-    if page["ShardPlacementResult"] is None:
+    if page["RESULT"]["ShardPlacementResult"] is None:
         assert "section 5 needs torch 2.13" in page["OUTPUT"]
         return
-    for r in page["results"]:
+    for r in page["RESULT"]["results"]:
         assert r["one_group"]["meshes"] == r["meshes"]
         assert [(x.name, x.placements, x.local_shape) for x in r["one_group"]["layouts"]] == [
             (x.name, x.placements, x.local_shape) for x in r["layouts"]]
 
 
-#: Faults injected into the page's source: (anchor, replacement), each anchor found once, and
-#: the check that must fail.
+#: Faults injected into the page's tagged fault points (tests/faults.py): (tag, replacement).
 FAULTS = {
-    "no_divide_factor": ([("def shard_moe(model, world, mesh, shard_placement_fn=expert_dim1, "
-                           "divide_by_world=True):",
-                           "def shard_moe(model, world, mesh, shard_placement_fn=expert_dim1, "
-                           "divide_by_world=False):")],
-                         r"\[(loss|parameter) equivalence\] FSDP2 \+ EP, sgd"),
-    "clip_without_ep_all_reduce": ([("    dist.all_reduce(expert_sq, group=ep_group)  # + the "
-                                     "other EP ranks' experts\n", "")],
-                                   r"\[clip norm\] rank 0"),
+    # the experts' set_gradient_divide_factor(world size) left out: their gradients come out EP
+    # times too large
+    "no_divide_factor": [("divide-factor", "")],
+    # clip_across_meshes without the all-reduce over the EP group: the other EP ranks' experts
+    # are missing from the norm
+    "clip_without_ep_all_reduce": [("ep-all-reduce", "")],
 }
-
-
-def inject(source: str, fault: str) -> str:
-    for anchor, replacement in FAULTS[fault][0]:
-        count = source.count(anchor)
-        assert count == 1, f"fault {fault!r}: anchor found {count} times:\n{anchor}"
-        source = source.replace(anchor, replacement)
-    return source
+#: fault -> the check that must fail the page
+EXPECTED = {
+    "no_divide_factor": r"\[(loss|parameter) equivalence\] FSDP2 \+ EP, sgd",
+    "clip_without_ep_all_reduce": r"\[clip norm\] rank 0",
+}
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_an_injected_fault_fails_the_page_by_name(fault: str, tmp_path: Path) -> None:
-    script = tmp_path / PAGE.name
-    script.write_text(inject(PAGE.read_text(), fault))
-    run = run_python(script, timeout=300)
-    assert run.returncode != 0, f"{fault}: the page passed with the fault\n{run.output[-3000:]}"
-    assert re.search(FAULTS[fault][1], run.output), f"{fault}: not found:\n{run.output[-3000:]}"
+    assert_fails_by_name(PAGE, fault, FAULTS[fault], EXPECTED[fault], tmp_path, timeout=300)
