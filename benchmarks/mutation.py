@@ -87,6 +87,7 @@ SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
     "guide.script_diff": ("src/guide/script_diff.py", ("guide.script_diff.*",)),
     "guide.experts": ("src/guide/experts.py", ("guide.experts.*",)),
     "guide.page": ("src/guide/page.py", ("guide.page.*",)),
+    "guide.fault_points": ("src/guide/fault_points.py", ("guide.fault_points.*",)),
     # issue 38's audit: the calculator's stamp and the fine-tuning memory model
     "guide.memory.widget": ("src/guide/memory/widget.py", ("guide.memory.widget.*",)),
     "guide.memory.finetune": ("src/guide/memory/finetune.py", ("guide.memory.finetune.*",)),

@@ -147,3 +147,18 @@ def test_the_ledger_is_named_after_the_running_example(tmp_path: Path, monkeypat
 
 def test_guide_exports_the_page() -> None:
     assert guide.Page is Page
+
+
+def test_the_page_is_named_after_its_caller_through_a_wrapper_in_guide(tmp_path: Path) -> None:
+    """A function of the package between the page and ``Page`` (mutmut's trampolines are such
+    functions) does not name the ledger after itself."""
+    inside = {"__name__": "guide.page_maker"}  # a module of the package, and its function
+    exec("import guide\n"
+         "def make():\n"
+         "    return guide.Page(section='Memory', order=1, key_api='x', world_size=2, "
+         "supports=(2,))\n", inside)
+    example = tmp_path / "plot_kit_wrapped.py"
+    example.write_text("PAGE = make()\n")
+    made = runpy.run_path(str(example), init_globals={"make": inside["make"]},
+                          run_name="__main__")
+    assert made["PAGE"].ledger.page == "plot_kit_wrapped"

@@ -50,6 +50,15 @@ def page_name(caller_globals: Mapping[str, Any]) -> str:
     return "notebook"
 
 
+def _caller_globals() -> Mapping[str, Any]:
+    """The globals of the code that built the page: the first frame outside this package (a
+    wrapper of ``Page``, or a tool that wraps functions, may stand between)."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("guide."):
+        frame = frame.f_back
+    return frame.f_globals
+
+
 class Page:
     """The running page: its :class:`~guide.declaration.Declaration`, the world size it runs at,
     and its ledger (``PAGE.ledger``), which every ``show``, ``check``, ``state``, ``cite`` and
@@ -62,7 +71,7 @@ class Page:
         #: The default under ``python``; torchrun's ``WORLD_SIZE`` (if supported) under torchrun.
         self.world_size = _world_size(world_size, supports=tuple(supports), why=why)
         #: Every number this page states (see :class:`guide.claims.Ledger`), named for its file.
-        self.ledger = Ledger(page_name(sys._getframe(1).f_globals))
+        self.ledger = Ledger(page_name(_caller_globals()))
 
     def __repr__(self) -> str:
         d = self.declaration
