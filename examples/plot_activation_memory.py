@@ -48,7 +48,7 @@ from torch.distributed.fsdp import fully_shard
 def apply_checkpointing(model: nn.Module) -> nn.Module:
     """``checkpoint_wrapper`` around every block, as torchtitan's ``apply_ac`` does."""
     for i, block in enumerate(model.blocks):
-        model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+        model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)  # fault-point: wrap
     return model
 
 

@@ -73,11 +73,11 @@ class LoRALinear(nn.Linear):
 
 def add_lora(model: nn.Module, rank: int, alpha: float, dtype=None) -> nn.Module:
     """Freeze every parameter, then put an adapter beside each linear of each block."""
-    model.requires_grad_(False)
+    model.requires_grad_(False)  # fault-point: freeze-base
     for block in model.blocks:
         for name, child in list(block.named_children()):
             if type(child) is nn.Linear:
-                setattr(block, name, LoRALinear(child, rank, alpha, dtype))
+                setattr(block, name, LoRALinear(child, rank, alpha, dtype))  # fault-point: adapter
     return model
 
 
@@ -315,9 +315,9 @@ def load_naive(mesh, path) -> nn.Module:
 def load_sharded(mesh, path) -> nn.Module:
     with torch.device("meta"):
         model = add_lora(PretrainedLM(CFG), LORA_RANK, ALPHA)
-    shard(model, mesh)
+    shard(model, mesh)  # fault-point: sharded-shard
     model.to_empty(device="cpu")
-    model.init_buffers()
+    model.init_buffers()  # fault-point: init-buffers
     load_pretrained(model, path, fresh_adapters(model, SEED) if dist.get_rank() == 0 else {})
     return model
 

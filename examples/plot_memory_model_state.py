@@ -43,7 +43,7 @@ def shard_fsdp2(model: torch.nn.Module, mesh: DeviceMesh, reshard_after_forward:
         options["mp_policy"] = mp_policy
     for block in model.blocks:
         fully_shard(block, mesh=mesh, **options)
-    fully_shard(model, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)  # fault-point: shard-root
     return model
 
 
@@ -89,10 +89,10 @@ STRATEGIES = (Strategy.DDP, Strategy.ZERO1, Strategy.FSDP2, Strategy.FSDP2_NO_RE
 #: The world sizes measured: under torchrun, torchrun's WORLD_SIZE alone.
 PAGE = guide.Page(section="Memory", order=1, key_api="fully_shard(", world_size=4,
                   supports=(2, 4, 8))
-WORLD_SIZES = (PAGE.world_size,) if guide.under_torchrun() else (1, 2, 4)
+WORLD_SIZES = (PAGE.world_size,) if guide.under_torchrun() else (1, 2, 4)  # fault-point: sizes
 N = WORLD_SIZES[-1]  # the widest, which the sentences below quote
 #: (precision, optimizer) combinations measured on every (strategy, N).
-RUNS = (("fp32", "adamw"), ("bf16_mixed", "adamw"), ("bf16", "sgd_momentum"))
+RUNS = (("fp32", "adamw"), ("bf16_mixed", "adamw"), ("bf16", "sgd_momentum"))  # fault-point: runs
 TOLERANCE = 0.005  # the prediction is meant to be exact to the byte
 MiB = 2**20
 

@@ -68,7 +68,7 @@ def shard_to_fit(model: torch.nn.Module, mesh, *, bf16: bool = True, reshard: bo
     after its forward, the embedding and head as their own units (Llama: ``tok_embeddings`` and
     ``[norm, output]``), full activation checkpointing, the shards and optimizer on the CPU."""
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
-          else MixedPrecisionPolicy())
+          else MixedPrecisionPolicy())  # fault-point: mp-policy
     kw = dict(mesh=mesh, mp_policy=mp, offload_policy=CPUOffloadPolicy() if offload
               else OffloadPolicy())
     for i, block in enumerate(model.blocks):
@@ -76,8 +76,8 @@ def shard_to_fit(model: torch.nn.Module, mesh, *, bf16: bool = True, reshard: bo
             block = model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
         fully_shard(block, reshard_after_forward=reshard, **kw)
     if split_root:
-        fully_shard(model.tok_emb, **kw)
-        fully_shard([model.ln_f, model.head], **kw)
+        fully_shard(model.tok_emb, **kw)  # fault-point: embedding-unit
+        fully_shard([model.ln_f, model.head], **kw)  # fault-point: head-unit
     return fully_shard(model, **kw)
 
 
@@ -364,7 +364,8 @@ OPTIMIZER = "sgd_momentum"
 STEPS = 3
 BATCHES = synthetic_batches(steps=STEPS, batch_size=8, seq_len=16, vocab=CFG.vocab,
                             seed=0)
-HEADROOM = 3.5  # × P: room each rank may grow by above its own start
+#: × P: room each rank may grow by above its own start
+HEADROOM = 3.5  # fault-point: headroom
 #: FSDP2's jobs: 2 and 4 fresh ranks with python; torchrun's N alone under torchrun.
 FSDP_NS = (WORLD_SIZE,) if guide.under_torchrun() else (2, 4)
 if guide.under_torchrun():  # this process runs the jobs: no big allocation may stay in its heap,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import textwrap
 import tokenize
 from pathlib import Path

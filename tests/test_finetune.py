@@ -9,11 +9,11 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, run_python
+from conftest import EXAMPLES
+from faults import assert_fails_by_name, fault_points
 
 from guide.memory import StateBytes
 from guide.memory.finetune import finetune_state_bytes, lora_shapes
@@ -70,40 +70,35 @@ def test_finetune_bytes_refuses_nothing_to_train() -> None:
                              trainable_precision="fp32", optimizer="adamw")
 
 
-LOAD_SHARDED = "    shard(model, mesh)\n    model.to_empty(device=\"cpu\")\n"
-INIT_BUFFERS = "    model.init_buffers()\n    load_pretrained("
-FREEZE = "    model.requires_grad_(False)\n    for block in model.blocks:\n"
+#: Faults injected into the page's tagged fault points (tests/faults.py): (tag, replacement), and
+#: the message each must fail the page with.
 FAULTS = {
     # A LayerNorm of the base left trainable in the sharded run only: its gradient is reduce-
     # scattered too.
-    "frozen_param_trains": ([(LOAD_SHARDED, LOAD_SHARDED.replace(
-        "    model.to_empty", "    model.blocks[0].ln1.weight.requires_grad_(True)\n"
-                             "    model.to_empty"))],
-        r"\[reduce-scatter volume\] FSDP2 x2, LoRA: 196,864 elements per step, the trainable "
-        r"ones padded are 196,608"),
+    "frozen_param_trains": ([("sharded-shard",
+                              "{statement}\nmodel.blocks[0].ln1.weight.requires_grad_(True)")],
+                            r"\[reduce-scatter volume\] FSDP2 x2, LoRA: 196,864 elements per step, "
+                            r"the trainable ones padded are 196,608"),
     # to_empty leaves the non-persistent buffer as whatever memory held.
-    "buffer_not_reinitialised": ([(INIT_BUFFERS, "    load_pretrained(")],
+    "buffer_not_reinitialised": ([("init-buffers", "")],
                                  r"\[pretrained load\] rank \d: the non-persistent buffer is not "
                                  r"the sinusoids"),
     # adapters on square weights only (issue 38's audit): GQA's k/v and the MLP go without.
-    "square_only": ([("            if type(child) is nn.Linear:\n",
-                      "            if type(child) is nn.Linear and len(set(child.weight.shape)) == 1:\n")],
+    "square_only": ([("adapter", "if len(set(child.weight.shape)) == 1:\n    {statement}")],
                     r"\[adapters only\] add_lora: .*is the base frozen\?"),
     # add_lora forgets to freeze the base: everything trains, reference included.
-    "base_not_frozen": ([(FREEZE, "    for block in model.blocks:\n")],
+    "base_not_frozen": ([("freeze-base", "")],
                         r"\[adapters only\] add_lora: .*is the base frozen\?"),
 }
+
+
+def test_every_fault_point_is_tagged_once() -> None:
+    points = fault_points(PAGE.read_text())
+    tags = {tag for edits, _ in FAULTS.values() for tag, _ in edits}
+    assert {tag: len(points.get(tag, [])) for tag in tags} == dict.fromkeys(tags, 1)
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_fault_fails_the_page(fault: str, tmp_path: Path) -> None:
     edits, pattern = FAULTS[fault]
-    source = PAGE.read_text()
-    for old, new in edits:
-        assert source.count(old) == 1, f"{fault}: anchor {old!r} not found exactly once"
-        source = source.replace(old, new)
-    script = tmp_path / PAGE.name
-    script.write_text(source)
-    run = run_python(script, timeout=280)
-    assert run.returncode != 0, f"{fault}: the page passed with the fault injected"
-    assert re.search(pattern, run.output), f"{fault}: message not found:\n{run.output[-3000:]}"
+    assert_fails_by_name(PAGE, fault, edits, pattern, tmp_path, timeout=280)

@@ -5,15 +5,14 @@ faults each guard must catch."""
 from __future__ import annotations
 
 import dataclasses
-import re
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from conftest import EXAMPLES, run_python
+from conftest import EXAMPLES
+from faults import assert_fails_by_name, fault_points
 from guide import saved_tensors
 from guide.memory.activations import (
     activation_bytes,
@@ -246,21 +245,25 @@ def test_full_checkpointing_keeps_inputs_plus_one_layer():
 
 # -- the page's guard bites --------------------------------------------------------------------
 
-def _inject(old: str, new: str, dest: Path) -> Path:
-    source = PAGE.read_text()
-    assert source.count(old) == 1, f"anchor not found once: {old!r}"
-    out = dest / PAGE.name
-    out.write_text(source.replace(old, new))
-    return out
+#: Faults injected into the page's tagged fault points (tests/faults.py): (tag, replacement).
+FAULTS = {
+    # The classic bug: rebinding the loop variable instead of replacing the module.
+    "checkpointing_wraps_nothing": [
+        ("wrap", "block = checkpoint_wrapper(block, preserve_rng_state=False)")],
+}
+
+
+def test_every_fault_point_is_tagged_once():
+    points = fault_points(PAGE.read_text())
+    tags = {tag for edits in FAULTS.values() for tag, _ in edits}
+    assert {tag: len(points.get(tag, [])) for tag in tags} == dict.fromkeys(tags, 1)
 
 
 def test_page_fails_when_checkpointing_silently_wraps_nothing(tmp_path):
     """The classic bug: rebinding the loop variable instead of replacing the module. Nothing is
     checkpointed, nothing errors; the page must fail naming the check and the bytes."""
-    faulty = _inject("\n        model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)\n",
-                     "\n        block = checkpoint_wrapper(block, preserve_rng_state=False)\n", tmp_path)
-    run = run_python(faulty, timeout=240)
-    assert run.returncode != 0, run.output[-2000:]
-    assert re.search(r"CheckFailed: \[checkpointing keeps inputs\] FSDP2 x2, rank 0: checkpointed "
-                     r"blocks saved 16,842,752 B, 4 block inputs are 1,048,576 B", run.output), \
-        run.output[-3000:]
+    fault = "checkpointing_wraps_nothing"
+    assert_fails_by_name(PAGE, fault, FAULTS[fault],
+                         r"CheckFailed: \[checkpointing keeps inputs\] FSDP2 x2, rank 0: "
+                         r"checkpointed blocks saved 16,842,752 B, 4 block inputs are 1,048,576 B",
+                         tmp_path, timeout=240)
