@@ -36,6 +36,7 @@ from guide.memory.inputs import (
     unknown,
 )
 from guide.memory.offload import offload_traffic
+from guide.memory.widget import WIDGET_JS
 from guide.optimizers import OPTIMIZERS
 
 HARNESS = Path(__file__).with_name("widget_node.js")
@@ -49,8 +50,8 @@ def js(*calls: list) -> list:
     if node is None:
         pytest.fail("node not found: install Node.js (apt-get install -y nodejs) to test the "
                     "browser calculator's JavaScript.")
-    run = subprocess.run([node, str(HARNESS)], input=json.dumps(list(calls)), text=True,
-                         capture_output=True, timeout=120)
+    run = subprocess.run([node, str(HARNESS), str(WIDGET_JS)], input=json.dumps(list(calls)),
+                         text=True, capture_output=True, timeout=120)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
 
