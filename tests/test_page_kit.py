@@ -149,16 +149,24 @@ def test_guide_exports_the_page() -> None:
     assert guide.Page is Page
 
 
-def test_the_page_is_named_after_its_caller_through_a_wrapper_in_guide(tmp_path: Path) -> None:
-    """A function of the package between the page and ``Page`` (mutmut's trampolines are such
-    functions) does not name the ledger after itself."""
+def test_the_page_is_named_after_its_caller_through_a_wrapper_in_guide(monkeypatch) -> None:
+    """Where ``__main__`` is no example (``python -m pytest``'s ``__main__.py``, a notebook), the
+    page is the first caller outside the package: a function of the package between the page and
+    ``Page`` (mutmut's trampolines are such functions) does not name the ledger after itself."""
     inside = {"__name__": "guide.page_maker"}  # a module of the package, and its function
     exec("import guide\n"
          "def make():\n"
          "    return guide.Page(section='Memory', order=1, key_api='x', world_size=2, "
          "supports=(2,))\n", inside)
-    example = tmp_path / "plot_kit_wrapped.py"
-    example.write_text("PAGE = make()\n")
-    made = runpy.run_path(str(example), init_globals={"make": inside["make"]},
-                          run_name="__main__")
-    assert made["PAGE"].ledger.page == "plot_kit_wrapped"
+    caller = {"__name__": "kit", "__file__": "/x/examples/plot_kit_wrapped.py",
+              "make": inside["make"]}
+    for main_file in (None, "/x/site-packages/pytest/__main__.py"):
+        main = type(sys)("__main__")
+        if main_file:
+            main.__file__ = main_file
+        monkeypatch.setitem(sys.modules, "__main__", main)
+        exec("PAGE = make()\n", caller)
+        assert caller["PAGE"].ledger.page == "plot_kit_wrapped"
+    main.__file__ = "/x/examples/plot_kit_main.py"  # a script run as __main__ names the page
+    exec("PAGE = make()\n", caller)
+    assert caller["PAGE"].ledger.page == "plot_kit_main"

@@ -50,9 +50,14 @@ def page_name(caller_globals: Mapping[str, Any]) -> str:
     return "notebook"
 
 
-def _caller_globals() -> Mapping[str, Any]:
-    """The globals of the code that built the page: the first frame outside this package (a
-    wrapper of ``Page``, or a tool that wraps functions, may stand between)."""
+def _page_globals() -> Mapping[str, Any]:
+    """The globals of the running example: ``__main__`` where it is a script (``python x.py``,
+    torchrun, runpy's ``run_name="__main__"``), else the first caller outside this package (a
+    tool that wraps functions, such as a mutation tester's trampoline, may stand between)."""
+    main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
+    file = str(main.get("__file__", ""))
+    if file.endswith(".py") and not Path(file).stem.startswith("_"):  # not python -m's __main__
+        return main
     frame = sys._getframe(1)
     while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("guide."):
         frame = frame.f_back
@@ -71,7 +76,7 @@ class Page:
         #: The default under ``python``; torchrun's ``WORLD_SIZE`` (if supported) under torchrun.
         self.world_size = _world_size(world_size, supports=tuple(supports), why=why)
         #: Every number this page states (see :class:`guide.claims.Ledger`), named for its file.
-        self.ledger = Ledger(page_name(_caller_globals()))
+        self.ledger = Ledger(page_name(_page_globals()))
 
     def __repr__(self) -> str:
         d = self.declaration
