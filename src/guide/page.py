@@ -53,13 +53,16 @@ def page_name(caller_globals: Mapping[str, Any]) -> str:
 def _page_globals() -> Mapping[str, Any]:
     """The globals of the running example: ``__main__`` where it is a script (``python x.py``,
     torchrun, runpy's ``run_name="__main__"``), else the first caller outside this package (a
-    tool that wraps functions, such as a mutation tester's trampoline, may stand between)."""
+    wrapper it calls through, such as a mutation tester's trampoline, is not that caller)."""
     main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
     file = str(main.get("__file__", ""))
     if file.endswith(".py") and not Path(file).stem.startswith("_"):  # not python -m's __main__
         return main
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("guide."):
+    def in_guide(f: Any) -> bool:
+        return f is not None and f.f_globals.get("__name__", "").startswith("guide.")
+
+    frame = sys._getframe(1)  # a frame between two of the package's is a wrapper's: skipped too
+    while frame.f_back is not None and (in_guide(frame) or in_guide(frame.f_back)):
         frame = frame.f_back
     return frame.f_globals
 
