@@ -152,7 +152,7 @@ def test_guide_exports_the_page() -> None:
 def test_the_page_is_named_after_its_caller_through_a_wrapper_in_guide(monkeypatch) -> None:
     """Where ``__main__`` is no example (``python -m pytest``'s ``__main__.py``, a notebook), the
     page is the first caller outside the package: a function of the package between the page and
-    ``Page`` (mutmut's trampolines are such functions) does not name the ledger after itself."""
+    ``Page`` does not name the ledger after itself."""
     inside = {"__name__": "guide.page_maker"}  # a module of the package, and its function
     exec("import guide\n"
          "def make():\n"
@@ -170,18 +170,3 @@ def test_the_page_is_named_after_its_caller_through_a_wrapper_in_guide(monkeypat
     main.__file__ = "/x/examples/plot_kit_main.py"  # a script run as __main__ names the page
     exec("PAGE = make()\n", caller)
     assert caller["PAGE"].ledger.page == "plot_kit_main"
-
-
-def test_a_wrapper_outside_guide_between_two_of_its_frames_is_not_the_page(monkeypatch) -> None:
-    """mutmut runs ``Page.__init__`` as ``stub (guide.page) -> trampoline (mutmut) -> original
-    (guide.page)``: the trampoline is no caller, the code that built the page is."""
-    trampoline = {"__name__": "mutmut.trampoline"}
-    exec("def trampoline(f, *a, **k):\n    return f(*a, **k)\n", trampoline)
-    stub = {"__name__": "guide.page", "orig": Page.__init__, "tr": trampoline["trampoline"]}
-    exec("def __init__(self, *a, **k):\n    return tr(orig, self, *a, **k)\n", stub)
-    monkeypatch.setattr(Page, "__init__", stub["__init__"])
-    monkeypatch.setitem(sys.modules, "__main__", type(sys)("__main__"))  # a notebook's
-    caller = {"__name__": "kit", "__file__": "/x/examples/plot_kit_traced.py", "Page": Page}
-    exec("PAGE = Page(section='Memory', order=1, key_api='x', world_size=2, supports=(2,))\n",
-         caller)
-    assert caller["PAGE"].ledger.page == "plot_kit_traced"

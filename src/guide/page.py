@@ -52,17 +52,13 @@ def page_name(caller_globals: Mapping[str, Any]) -> str:
 
 def _page_globals() -> Mapping[str, Any]:
     """The globals of the running example: ``__main__`` where it is a script (``python x.py``,
-    torchrun, runpy's ``run_name="__main__"``), else the first caller outside this package (a
-    wrapper it calls through, such as a mutation tester's trampoline, is not that caller)."""
+    torchrun, runpy's ``run_name="__main__"``), else the first caller outside this package."""
     main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
     file = str(main.get("__file__", ""))
     if file.endswith(".py") and not Path(file).stem.startswith("_"):  # not python -m's __main__
         return main
-    def in_guide(f: Any) -> bool:
-        return f is not None and f.f_globals.get("__name__", "").startswith("guide.")
-
-    frame = sys._getframe(1)  # a frame between two of the package's is a wrapper's: skipped too
-    while frame.f_back is not None and (in_guide(frame) or in_guide(frame.f_back)):
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("guide."):
         frame = frame.f_back
     return frame.f_globals
 
