@@ -90,6 +90,12 @@ def test_gpu_budget_refuses_a_cap_above_the_device(monkeypatch) -> None:
     assert ("fraction", 1.0, "cuda:0") in fake.calls
 
 
+def test_a_headroom_of_one_byte_is_allowed(monkeypatch) -> None:
+    FakeCuda(total=1000, allocated=100).install(monkeypatch)
+    with B.gpu_budget("cuda:0", 1) as limit:  # the smallest positive whole number of bytes
+        assert limit == 101
+
+
 def test_budget_picks_the_gpu_cap_on_cuda_only(monkeypatch) -> None:
     fake = FakeCuda(total=1000, allocated=0)
     fake.install(monkeypatch)
@@ -97,11 +103,13 @@ def test_budget_picks_the_gpu_cap_on_cuda_only(monkeypatch) -> None:
         assert limit == 250 and ("fraction", 0.25, torch.device("cuda", 0)) in fake.calls
     with B.budget("cuda:1", 500) as limit:  # a device's name, as torchrun scripts often pass it
         assert limit == 500 and ("fraction", 0.5, "cuda:1") in fake.calls
+    with B.budget(torch.device("cuda"), 100) as limit:  # no index: prints as "cuda"
+        assert limit == 100 and ("fraction", 0.1, torch.device("cuda")) in fake.calls
     before = resource.getrlimit(resource.RLIMIT_DATA)
     with B.budget(torch.device("cpu"), 64 * MiB) as limit:
         assert resource.getrlimit(resource.RLIMIT_DATA)[0] == limit
     assert resource.getrlimit(resource.RLIMIT_DATA) == before
-    assert len([c for c in fake.calls if c[0] == "fraction"]) == 4  # the CPU cap touched no GPU
+    assert len([c for c in fake.calls if c[0] == "fraction"]) == 6  # the CPU cap touched no GPU
 
 
 @pytest.mark.parametrize("exc, oom", [

@@ -4,12 +4,52 @@ data and source hash, and a stale one fails, naming the fix."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
+import json
+import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from guide.memory import widget
+
+#: The stamp in a widget's DATA block.
+STAMP = re.compile(r'"source_hash": "([0-9a-f]{12})"')
+#: What a stale widget's message asks for, after the two stamps.
+FIX = ("update docs/_static/memory_widget.js's port of guide.memory.fit if a formula changed, run "
+       "`python -m guide.memory.widget` to stamp it, and rerun `nox -s browser` "
+       "(tests/test_calculator_widget.py) to prove it equal to the Python model.")
+
+
+def _stale(sources: str, checked: str) -> str:
+    return (f"the Python memory model changed (sources {sources}, the widget was checked against "
+            f"{checked}): {FIX}")
+
+
+@pytest.fixture
+def committed_stamp(monkeypatch) -> str:
+    """The committed widget's stamp, made the model's: the tests that take it hold in mutmut's
+    copy too, whose rewritten sources hash to another stamp (the one test of the real stamp,
+    test_the_committed_widget_is_current, is deselected there)."""
+    stamps = STAMP.findall(widget.WIDGET_JS.read_text())
+    assert len(stamps) == 1, f"{widget.WIDGET_JS} has {len(stamps)} stamps, not one"
+    monkeypatch.setattr(widget, "source_hash", lambda: stamps[0])
+    return stamps[0]
+
+
+@pytest.fixture
+def widget_copy(tmp_path, monkeypatch, committed_stamp) -> Path:
+    """A copy of the committed widget, which the command reads and stamps by default (no
+    ``--path``); ``sys.argv`` is bare, so a command that parsed it instead of its arguments would
+    stamp the copy, not check it."""
+    js = tmp_path / "memory_widget.js"
+    js.write_text(widget.WIDGET_JS.read_text())
+    monkeypatch.setattr(widget, "WIDGET_JS", js)
+    monkeypatch.setattr(sys, "argv", ["python -m guide.memory.widget"])
+    return js
 
 
 def test_the_committed_widget_is_current():
@@ -17,26 +57,69 @@ def test_the_committed_widget_is_current():
     assert widget.main(["--check"]) == 0
 
 
-def test_a_changed_model_makes_the_widget_stale(monkeypatch, tmp_path, capsys):
+def _data_text(js: str) -> str:
+    return js[js.index("const DATA = ") + len("const DATA = "):js.index(";\n  // DATA-END")]
+
+
+def test_the_committed_block_is_the_models_data_byte_for_byte(committed_stamp):
+    """The committed DATA block, stamp aside, is data() as _block writes it (sorted keys, one
+    space an indent level, indented into the script): rendering it again gives the file back."""
+    js = widget.WIDGET_JS.read_text()
+    assert json.loads(_data_text(js)) == widget.data()  # value by value (pytest shows which)
+    assert widget.render(js) == js  # and the text: ints stay ints, keys sorted, indents
+    assert widget.check() == committed_stamp
+
+
+def test_the_stamp_is_12_hex_digits_of_sha256_over_the_hashed_sources():
+    expected = hashlib.sha256("".join(widget.hashed_sources().values()).encode()).hexdigest()
+    assert re.fullmatch(r"[0-9a-f]{12}", widget.source_hash())
+    assert widget.source_hash() == expected[:12]
+
+
+def test_a_checkout_with_crlf_line_endings_hashes_as_one_with_lf(monkeypatch, tmp_path):
+    text = Path(widget.MIRRORED[0].__file__).read_text()
+    assert "\r" not in text and text.count("\n") > 10
+    hashed = []
+    for name, ending in (("lf.py", b"\n"), ("crlf.py", b"\r\n")):
+        path = tmp_path / name
+        path.write_bytes(text.encode().replace(b"\n", ending))
+        module = types.SimpleNamespace(__name__="mirrored", __file__=str(path))
+        monkeypatch.setattr(widget, "MIRRORED", (module,))
+        hashed.append(widget.hashed_sources()["mirrored"])
+    assert hashed == [text, text]
+
+
+def test_a_changed_model_makes_the_widget_stale(committed_stamp, monkeypatch, tmp_path):
     js = tmp_path / "memory_widget.js"
     js.write_text(widget.WIDGET_JS.read_text())
-    assert widget.check(js)
+    assert widget.check(js) == committed_stamp
     monkeypatch.setattr(widget, "source_hash", lambda: "0123456789ab")  # a formula changed
-    with pytest.raises(widget.StaleWidget, match=r"the Python memory model changed .*: update "
-                       r"docs/_static/memory_widget.js's port .* run `python -m "
-                       r"guide.memory.widget` .* rerun `nox -s browser`"):
+    with pytest.raises(widget.StaleWidget) as err:
         widget.check(js)
-    assert widget.main(["--check", "--path", str(js)]) == 1
-    assert "the Python memory model changed" in capsys.readouterr().err
-    assert widget.main(["--path", str(js)]) == 0  # stamping makes it current again
-    assert widget.check(js) == "0123456789ab"
+    assert str(err.value) == _stale("0123456789ab", committed_stamp)
 
 
-def test_changed_data_makes_the_widget_stale(tmp_path):
+def test_a_widget_without_a_stamp_is_stale_against_nothing(committed_stamp, tmp_path):
+    js = tmp_path / "memory_widget.js"
+    js.write_text(widget.WIDGET_JS.read_text().replace(f'"{committed_stamp}"', "null"))
+    with pytest.raises(widget.StaleWidget) as err:
+        widget.check(js)
+    assert str(err.value) == _stale(committed_stamp, "nothing")
+
+
+def test_changed_data_makes_the_widget_stale(committed_stamp, tmp_path):
     js = tmp_path / "memory_widget.js"
     js.write_text(widget.WIDGET_JS.read_text().replace('"sbh": 34', '"sbh": 35'))
-    with pytest.raises(widget.StaleWidget, match="the Python memory model changed"):
+    with pytest.raises(widget.StaleWidget) as err:
         widget.check(js)
+    assert str(err.value) == _stale(committed_stamp, committed_stamp)  # the data, not the stamp
+
+
+def test_a_missing_widget_is_refused_naming_its_path(tmp_path):
+    missing = tmp_path / "memory_widget.js"
+    with pytest.raises(widget.StaleWidget) as err:
+        widget.check(missing)
+    assert str(err.value) == f"no browser calculator at {missing}."
 
 
 def test_a_widget_without_its_data_block_is_refused(tmp_path):
@@ -44,6 +127,47 @@ def test_a_widget_without_its_data_block_is_refused(tmp_path):
     js.write_text("// nothing here\n")
     with pytest.raises(ValueError, match="no single // DATA-BEGIN"):
         widget.check(js)
+
+
+def test_the_command_checks_then_stamps_the_widget(widget_copy, committed_stamp, monkeypatch,
+                                                   capsys):
+    committed = widget_copy.read_text()
+    assert widget.main(["--check"]) == 0
+    assert capsys.readouterr() == (f"widget current: model sources {committed_stamp}\n", "")
+    monkeypatch.setattr(widget, "source_hash", lambda: "0123456789ab")  # a formula changed
+    assert widget.main(["--check"]) == 1
+    assert capsys.readouterr() == ("", f"error: {_stale('0123456789ab', committed_stamp)}\n")
+    assert widget_copy.read_text() == committed  # checking writes nothing
+    assert widget.main([]) == 0
+    assert capsys.readouterr() == (f"stamped {widget_copy} with model sources 0123456789ab\n",
+                                   "")
+    assert widget_copy.read_text() == committed.replace(committed_stamp, "0123456789ab")
+    assert widget.main(["--check"]) == 0  # current again
+    assert capsys.readouterr().out == "widget current: model sources 0123456789ab\n"
+
+
+def test_the_command_checks_and_stamps_the_file_its_path_names(widget_copy, committed_stamp,
+                                                               tmp_path, capsys):
+    other = tmp_path / "other.js"
+    other.write_text(widget_copy.read_text().replace('"sbh": 34', '"sbh": 35'))
+    assert widget.main(["--check", "--path", str(other)]) == 1
+    assert capsys.readouterr().err == f"error: {_stale(committed_stamp, committed_stamp)}\n"
+    assert widget.main(["--path", str(other)]) == 0
+    assert capsys.readouterr().out == f"stamped {other} with model sources {committed_stamp}\n"
+    assert other.read_text() == widget_copy.read_text()  # the data is back; the copy untouched
+    assert widget.main(["--check", "--path", str(other)]) == 0
+
+
+def test_the_commands_help_names_it_and_says_what_it_does(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse wraps at the terminal's width: no wrapping
+    with pytest.raises(SystemExit) as exit_:
+        widget.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m guide.memory.widget [-h] [--check] [--path PATH]\n")
+    assert " ".join(widget.__doc__.split()) in " ".join(out.split())
+    assert re.search(r"^  --check +only check; exit 1 if stale$", out, re.M)
+    assert re.search(r"^  --path PATH$", out, re.M)
 
 
 #: What the widget ports: fit_report, LoRA, CPU offload, the input checks and the display.

@@ -85,7 +85,7 @@ def gpu_budget(device, headroom_bytes: int) -> Iterator[int]:
 def budget(device, headroom_bytes: int) -> contextlib.AbstractContextManager[int]:
     """:func:`gpu_budget` on a CUDA device (``torch.device`` or its name, ``"cuda:1"``),
     :func:`host_budget` on any other."""
-    kind = device.type if hasattr(device, "type") else str(device).split(":")[0]
-    if kind == "cuda":
+    # a torch.device prints as its name (cuda:1, cpu): one rule reads both
+    if str(device).split(":")[0] == "cuda":
         return gpu_budget(device, headroom_bytes)
     return host_budget(headroom_bytes)

@@ -90,8 +90,8 @@ class StaleWidget(RuntimeError):
 
 def hashed_sources() -> dict[str, str]:
     """What :func:`source_hash` hashes, by name: each module of :data:`MIRRORED` whole, then each
-    ``"source"`` entry of :data:`OUTSIDE` (line endings normalised)."""
-    out = {m.__name__: Path(m.__file__).read_text().replace("\r\n", "\n") for m in MIRRORED}
+    ``"source"`` entry of :data:`OUTSIDE` (read as text, so a CRLF checkout hashes as an LF one)."""
+    out = {m.__name__: Path(m.__file__).read_text() for m in MIRRORED}
     for name, how in OUTSIDE.items():
         if how == "source":
             module, _, attr = name.rpartition(".")
