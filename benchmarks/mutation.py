@@ -472,6 +472,47 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("guide.checks.x_expect_close",
      'return Checked(gap, check=check, run=run, unit=unit, tol=tol, rel=rel,',
      'relation="≤" is Checked\'s default'),
+    # guide.memory.fit/oom/offload/finetune: strategies named by their label, FSDP2's absent DDP
+    # buckets, and HSDP world sizes the search can never price differently
+    ("guide.memory.fit.x_hsdp_shard_size", "if n >= g and n % g:",
+     "at N equal to the group, N % group is 0: both tests are false there"),
+    ("guide.memory.fit.x_smallest_world_size",
+     'if strategy == "hsdp" and n >= shard_group and n % shard_group:',
+     "at N equal to the group, N % group is 0: both tests are false there"),
+    ("guide.memory.fit.x_smallest_world_size",
+     'if strategy == "hsdp" and n > shard_group and n / shard_group:',
+     "it skips every HSDP N above the group; the original prices one only when the group is a "
+     "power of two dividing it, and then every part equals N = group's, already tried and too big"),
+    ("guide.memory.fit.x_smallest_world_size", "break",
+     "it stops at an HSDP N above a group that does not divide it: that group is no power of two, "
+     "so no larger power of two is a multiple either, and the original skips them all too"),
+    ("guide.memory.fit.x_per_gpu", 'priced = "FSDP2" if key == "hsdp" else key',
+     'Strategy.parse reads the label "FSDP2" as the key "fsdp2"\'s strategy'),
+    ("guide.memory.fit.x_min_world_size",
+     "key = strategy.value if (isinstance(strategy, Strategy)) and False else "
+     "Strategy.parse(strategy).value",
+     "Strategy.parse returns a Strategy unchanged"),
+    *((function, line, 'Strategy.parse reads the label "FSDP2" as the key "fsdp2"\'s strategy')
+      for function, line in (
+          ("guide.memory.oom.x_offloaded_bytes",
+           'sb = per_rank_state_bytes(arch.param_shapes(), "FSDP2", world_size, precision, '
+           'optimizer,'),
+          ("guide.memory.offload.x_offload_memory",
+           'state = per_rank_state_bytes(shapes, "FSDP2", world_size, precision, optimizer,'),
+          ("guide.memory.finetune.x_finetune_state_bytes",
+           'trained = state_bytes_by_rank(trainable_shapes, "FSDP2", n, trainable_precision, '
+           'optimizer,'),
+          ("guide.memory.finetune.x_finetune_state_bytes",
+           'frozen = state_bytes_by_rank(frozen_shapes, "FSDP2", n, frozen_precision, "sgd",'))),
+    *((function, line, "DDP's buckets exist only where DDP is underneath: FSDP2 (with or "
+       "without resharding) has none either way")
+      for function, line in (
+          ("guide.memory.oom.x_offloaded_bytes", "ddp_buckets=True)"),
+          ("guide.memory.oom.x_predicted_bytes", "optimizer, activations=act, ddp_buckets=True)"),
+          ("guide.memory.offload.x_offload_memory", "ddp_buckets=True)"),
+          ("guide.memory.finetune.x_finetune_state_bytes", "ddp_buckets=True)"),
+          ("guide.memory.finetune.x_finetune_state_bytes",
+           "ddp_buckets=True)  # SGD: no state; the params are all we keep"))),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -70,6 +70,40 @@ def test_memory_moves_fsdp2s_model_state_to_the_host() -> None:
     assert 14 * 2**30 < moved.gpu_saved < 16 * 2**30  # ~16 bytes per parameter over 8 GPUs
 
 
+def _refusal(call, *args, **kwargs) -> str:
+    """The whole message of the ValueError ``call`` raises."""
+    with pytest.raises(ValueError) as err:
+        call(*args, **kwargs)
+    return str(err.value)
+
+
+def test_traffic_refusals_in_full() -> None:
+    assert _refusal(offload_traffic, [[(4,)]], 0, "fp32") == (
+        "world_size must be a positive integer (the number of ranks), got 0.")
+    assert _refusal(offload_traffic, [[(4,)]], 2, "fp16") == (
+        "unknown precision 'fp16'; choose one of fp32, bf16_mixed, bf16, zero_mixed.")
+    assert _refusal(offload_traffic, [], 2, "fp32") == (
+        "units is empty: pass the root's shapes, then each block's.")
+
+
+def test_traffic_is_rank_0s_unless_told() -> None:
+    units = [[(5,)]]  # rank 0 sends 3 rows out, rank 1 two
+    assert offload_traffic(units, 2, "fp32") == offload_traffic(units, 2, "fp32", rank=0)
+    assert offload_traffic(units, 2, "fp32") != offload_traffic(units, 2, "fp32", rank=1)
+    assert offload_traffic(units, 1, "fp32").to_host == 5 * 4  # one rank: rank 0 exists
+
+
+def test_traffic_counts_a_scalar_parameter_as_one_element() -> None:
+    t = offload_traffic([[()], [(), (2, 3)]], 1, "fp32")
+    assert (t.to_device, t.to_host) == ((1 + 2 * (1 + 6)) * 4, (1 + 1 + 6) * 4)
+
+
+def test_memory_of_the_shapes_is_the_memory_of_the_architecture() -> None:
+    arch = PRESETS["llama-3-8b"]
+    assert offload_memory(arch.param_shapes(), 8, "bf16_mixed", "adamw") == \
+        offload_memory(arch, 8, "bf16_mixed", "adamw")
+
+
 # -- guide.host_copies ---------------------------------------------------------------------------
 
 def all_gather_inputs(t: torch.Tensor) -> torch.Tensor:  # named as FSDP2's caller

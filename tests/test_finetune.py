@@ -15,8 +15,8 @@ import pytest
 from conftest import EXAMPLES
 from faults import assert_fails_by_name, fault_points
 
-from guide.memory import StateBytes
-from guide.memory.finetune import finetune_state_bytes, lora_shapes
+from guide.memory import Architecture, StateBytes
+from guide.memory.finetune import finetune_state_bytes, lora_shapes, lora_state_bytes
 
 PAGE = EXAMPLES / "plot_finetune_lora.py"
 
@@ -68,6 +68,27 @@ def test_finetune_bytes_refuses_nothing_to_train() -> None:
     with pytest.raises(ValueError, match="trainable_shapes is empty"):
         finetune_state_bytes([(4, 4)], [], 2, frozen_precision="fp32",
                              trainable_precision="fp32", optimizer="adamw")
+
+
+def _refusal(call, *args, **kwargs) -> str:
+    """The whole message of the ValueError ``call`` raises."""
+    with pytest.raises(ValueError) as err:
+        call(*args, **kwargs)
+    return str(err.value)
+
+
+def test_refusals_name_the_argument_and_what_it_counts() -> None:
+    kw = dict(frozen_precision="fp32", trainable_precision="fp32", optimizer="adamw")
+    assert _refusal(finetune_state_bytes, [(4, 4)], [(2, 4)], 0, **kw) == (
+        "world_size must be a positive integer (the number of ranks), got 0.")
+    assert _refusal(finetune_state_bytes, [(4, 4)], [], 2, **kw) == (
+        "trainable_shapes is empty: fine-tuning trains something (the adapters).")
+    assert _refusal(lora_shapes, [(4, 4)], 0) == (
+        "rank must be a positive integer (the LoRA rank), got 0.")
+    arch = Architecture(vocab=8, hidden=4, layers=1, heads=1, mlp=4, gated_mlp=False)
+    assert _refusal(lora_state_bytes, arch, 0, 1, base_precision="fp32",
+                    adapter_precision="fp32", optimizer="sgd") == (
+        "lora_rank must be a positive integer (the adapters' rank), got 0.")
 
 
 #: Faults injected into the page's tagged fault points (tests/faults.py): (tag, replacement), and

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from guide.memory import PRESETS, Architecture, GiB, per_rank_state_bytes, unsharded_param_bytes
+from guide.memory.activations import activation_bytes
 from guide.memory.fit import per_gpu
 from guide.memory.oom import (BASELINE, STEPS, Setup, Step, ladder, offloaded_bytes,
                               predicted_bytes)
@@ -191,3 +192,71 @@ def test_oom_path_link_guard_catches_each_break():
     assert "no section labelled" in oom_path_link_problems(index_md, unlabelled)[0]
     renamed = page_py.replace("# Out of memory (OOM) with FSDP2?", "# Too big for FSDP2?")
     assert "heading" in oom_path_link_problems(index_md, renamed)[0]
+
+
+def _refusal(call, *args, **kwargs) -> str:
+    """The whole message of the ValueError ``call`` raises."""
+    with pytest.raises(ValueError) as err:
+        call(*args, **kwargs)
+    return str(err.value)
+
+
+def test_refusals_of_predicted_bytes_in_full():
+    assert _refusal(predicted_bytes, LLAMA, Setup("fp8"), 8, **RUN) == (
+        "unknown precision 'fp8'; choose one of fp32, bf16_mixed, bf16, zero_mixed.")
+    assert _refusal(predicted_bytes, LLAMA, Setup("bf16_mixed", split_root=True), 8, **RUN) == (
+        "split_root prices the root's units with reshard_after_forward=True; "
+        "apply the reshard step first.")
+
+
+def test_a_step_that_adds_bytes_is_refused_with_how_many():
+    back = Step("back", "fp32 again", "", {"precision": "fp32"}, "", "")
+    added = (predicted_bytes(LLAMA, BASELINE, 8, **RUN)["total"]
+             - predicted_bytes(LLAMA, Setup("bf16_mixed"), 8, **RUN)["total"])
+    assert added > 0
+    assert _refusal(ladder, LLAMA, 8, **RUN, steps=(STEPS[0], back)) == (
+        f"step 'back' adds {added:,} bytes per GPU: it does not belong on the way out of memory "
+        "in this order.")
+
+
+def test_a_step_that_saves_nothing_is_kept_with_saved_zero():
+    again = Step("again", "bf16 again", "", {"precision": "bf16_mixed"}, "", "")
+    rungs = ladder(LLAMA, 8, **RUN, steps=(STEPS[0], again))
+    assert rungs[2].saved == 0 and rungs[2].bytes == rungs[1].bytes
+
+
+def test_an_unpredicted_step_keeps_the_setup_before_it():
+    rungs = ladder(LLAMA, 8, **RUN)
+    for before, rung in zip(rungs, rungs[1:]):
+        if rung.step.change is None:
+            assert rung.setup == before.setup and rung.setup is not None
+
+
+def test_predicted_bytes_prices_the_setups_checkpointing_and_the_given_norm():
+    for checkpointing in ("none", "selective", "full"):
+        for norm in ("fused", "composite"):
+            setup = Setup("fp32", True, checkpointing)
+            parts = predicted_bytes(LLAMA, setup, 8, **RUN, norm=norm)
+            assert parts["activations"] == activation_bytes(
+                LLAMA, 8192, 1, checkpointing=checkpointing, norm=norm, bytes_per_element=4)
+    assert (activation_bytes(LLAMA, 8192, 1, checkpointing="full")
+            < activation_bytes(LLAMA, 8192, 1) < activation_bytes(LLAMA, 8192, 1,
+                                                                 norm="composite"))
+
+
+def test_the_ladder_prices_every_rung_in_its_norm():
+    for norm in ("fused", "composite"):
+        for rung in ladder(LLAMA, 8, **RUN, norm=norm):
+            if rung.bytes is not None:
+                assert rung.bytes == predicted_bytes(LLAMA, rung.setup, 8, **RUN, norm=norm)
+
+
+def test_predicted_bytes_parts_by_name_with_the_split_roots_buffers():
+    setup = Setup("bf16_mixed", True, "none", True)
+    split = per_gpu(LLAMA, "fsdp2", 8, "bf16_mixed", "adamw",
+                    activations=activation_bytes(LLAMA, 8192, 1), ddp_buckets=False)
+    buffers = fsdp2_split_root_buffer_bytes(LLAMA, "bf16_mixed")
+    assert buffers != split.buffers
+    parts = {"state": split.params + split.grads + split.optimizer, "gathered": 0,
+             "buffers": buffers, "activations": split.activations}
+    assert predicted_bytes(LLAMA, setup, 8, **RUN) == parts | {"total": sum(parts.values())}
