@@ -513,6 +513,30 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
           ("guide.memory.finetune.x_finetune_state_bytes", "ddp_buckets=True)"),
           ("guide.memory.finetune.x_finetune_state_bytes",
            "ddp_buckets=True)  # SGD: no state; the params are all we keep"))),
+    # guide.page / script_diff / host_copies: a default that fails the same test as "", an
+    # argument read only as a truth value or never, a frame the walk skips either way
+    *(("guide.page.x__example_globals", f'file = str(main_globals.get("__file__", {d}))',
+       'a __main__ without __file__ (a notebook, python -c): "None" and "XXXX" fail '
+       'endswith(".py") as "" does') for d in ("None", "", '"XXXX"')),
+    ("guide.page.x__example_globals",
+     'while frame.f_back is not None and frame.f_globals.get("__name__", "XXXX").startswith('
+     '"guide."):', 'a frame without __name__: "XXXX", like "", is no module of guide'),
+    ("guide.page.x__page_globals",
+     'return _example_globals(sys.modules.get("__main__"), sys._getframe(2))',
+     "the only caller, Page.__init__, is a frame of guide: the walk skips it from frame 1 too"),
+    ("guide.page.x\u01c1Page\u01c1conclude",
+     'missing = rendered.unrecorded_numbers(None, " ".join(text.split()),',
+     "page only switches on the ledger page's rules (pages/ledger: a ledger named by "
+     "page_name is a file's stem, never that) and labels the misses, of which conclude reads "
+     "only .number"),
+    *(("guide.script_diff.x__code", line, "[0] is the text before the first separator, however "
+       "many splits follow") for line in ('return line.split("  #", )[0].rstrip()',
+                                          'return line.split("  #", 2)[0].rstrip()')),
+    ("guide.script_diff.x_diff_lines",
+     "matcher = difflib.SequenceMatcher(a=key_old, b=key_new, autojunk=None)",
+     "SequenceMatcher reads autojunk as a truth value: None is False"),
+    ("guide.host_copies.x\u01c1HostDeviceCopies\u01c1__init__", 'self._original: Any = ""',
+     "__enter__ sets _original before __exit__, its only reader, runs"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

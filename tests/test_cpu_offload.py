@@ -146,6 +146,24 @@ def test_counter_restores_tensor_to_and_refuses_nesting() -> None:
         HostDeviceCopies().count("sideways")
 
 
+def test_counter_refuses_nesting_and_a_direction_with_the_fix() -> None:
+    with HostDeviceCopies(), pytest.raises(ValueError) as refused:
+        HostDeviceCopies().__enter__()
+    assert str(refused.value) == ("a HostDeviceCopies is already active; close it first (they do "
+                                  "not nest: both would wrap Tensor.to).")
+    with pytest.raises(ValueError) as refused:
+        HostCopy("sideways", 4)
+    assert str(refused.value) == ("HostCopy direction 'sideways': use one of ['to_device', "
+                                  "'to_host'].")
+
+
+def test_a_counted_tensor_to_still_converts_as_asked() -> None:
+    t = torch.zeros(10, dtype=torch.float32)
+    with HostDeviceCopies():
+        by_position, by_keyword = t.to(torch.float64), t.to(dtype=torch.int32)
+    assert (by_position.dtype, by_keyword.dtype) == (torch.float64, torch.int32)
+
+
 def one_step(rank: guide.Rank, offload: bool) -> tuple:
     model = build_model(CFG, device=rank.device)
     options = {"offload_policy": CPUOffloadPolicy(pin_memory=False)} if offload else {}

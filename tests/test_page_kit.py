@@ -8,9 +8,11 @@ fault its guard exists for.
 
 from __future__ import annotations
 
+import datetime
 import json
 import runpy
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,9 @@ import pytest
 import guide
 from guide import checks, report
 from guide.claims import LEDGER_ENV
-from guide.page import Page, page_name
+from guide.declaration import Declaration
+from guide.page import Page, _example_globals, page_name
+from guide.world_sizes import Contract
 
 ROWS = [["rank 0", 10, 0.5], ["rank 1", 10, 0.5]]
 COLS = ["rank", "elements", "share"]
@@ -170,3 +174,128 @@ def test_the_page_is_named_after_its_caller_through_a_wrapper_in_guide(monkeypat
     main.__file__ = "/x/examples/plot_kit_main.py"  # a script run as __main__ names the page
     exec("PAGE = make()\n", caller)
     assert caller["PAGE"].ledger.page == "plot_kit_main"
+
+
+def test_the_page_declares_its_call_and_reads_as_it() -> None:
+    page = _page()
+    assert page.declaration == Declaration("Memory", 1, "fully_shard(", Contract(2, (2,), ""))
+    assert repr(page) == "Page(section='Memory', order=1, key_api='fully_shard(', world_size=2)"
+    why = Page(section="Memory", order=1, key_api="x", world_size=2, supports=(2, 4),
+               why="pairs of ranks")
+    assert why.declaration.contract == Contract(2, (2, 4), "pairs of ranks")
+
+
+def test_an_unsupported_torchrun_size_stops_the_page_with_its_reason(monkeypatch) -> None:
+    main = types.ModuleType("__main__")
+    main.__file__ = "/x/examples/plot_kit_main.py"
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(SystemExit) as stopped:
+        Page(section="Memory", order=1, key_api="x", world_size=2, supports=(2, 4),
+             why="pairs of ranks")
+    assert str(stopped.value) == (
+        "plot_kit_main supports 2 and 4 ranks (pairs of ranks); you started 3. Run `torchrun "
+        "--standalone --nproc-per-node=2 plot_kit_main.py`, or `python plot_kit_main.py` "
+        "(2 ranks).")
+
+
+def test_a_script_run_as_main_names_the_page_whoever_calls_page(monkeypatch) -> None:
+    main = types.ModuleType("__main__")
+    main.__file__ = "/x/examples/plot_kit_main.py"
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert _page().ledger.page == "plot_kit_main"  # called from this test, not the script
+    monkeypatch.delitem(sys.modules, "__main__")  # embedded interpreters may have none
+    assert _page().ledger.page != "plot_kit_main"
+
+
+def _frames(*module_globals: dict) -> types.SimpleNamespace:
+    """A stack of frames, innermost first, each with its module's globals."""
+    frame = None
+    for g in reversed(module_globals):
+        frame = types.SimpleNamespace(f_globals=g, f_back=frame)
+    return frame
+
+
+def _module(file: str | None) -> types.ModuleType:
+    main = types.ModuleType("__main__")
+    if file is not None:
+        main.__file__ = file
+    return main
+
+
+GUIDE = {"__name__": "guide.page"}
+WRAPPER = {"__name__": "guide.page_maker"}
+EXAMPLE = {"__name__": "kit", "__file__": "/x/examples/plot_kit.py"}
+OUTER = {"__name__": "runner"}
+
+
+def test_the_example_is_main_where_main_is_a_script() -> None:
+    main = _module("/x/examples/plot_kit_main.py")
+    assert _example_globals(main, _frames(GUIDE, EXAMPLE)) is vars(main)
+
+
+@pytest.mark.parametrize("file", [
+    None,  # a notebook's __main__, or python -c
+    "/x/site-packages/pytest/__main__.py",  # python -m pytest
+    "/usr/bin/ipython",  # a console script: not a .py file
+], ids=["no-file", "python-m", "console-script"])
+def test_a_main_that_is_no_example_leaves_the_page_to_its_caller(file) -> None:
+    assert _example_globals(_module(file), _frames(GUIDE, EXAMPLE, OUTER)) is EXAMPLE
+    assert _example_globals(None, _frames(EXAMPLE, OUTER)) is EXAMPLE  # no __main__ at all
+
+
+def test_the_callers_frames_inside_guide_are_skipped_up_to_the_first_outside() -> None:
+    assert _example_globals(None, _frames(GUIDE, WRAPPER, EXAMPLE, OUTER)) is EXAMPLE
+    exec_globals: dict = {}  # code exec'd in bare globals has no __name__: not guide's
+    assert _example_globals(None, _frames(GUIDE, exec_globals, OUTER)) is exec_globals
+    assert _example_globals(None, _frames(GUIDE, WRAPPER)) is WRAPPER  # the outermost frame
+
+
+def test_without_argv_a_page_outside_a_file_is_a_notebook(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", [])  # an embedded interpreter
+    assert page_name({}) == "notebook"
+
+
+def test_check_and_state_record_the_unit_format_and_text_they_are_given() -> None:
+    page = _page()
+    checked = checks.expect_close("a match", "r", 0.0123, 0.0121, 0.001, against="one process")
+    assert page.check("kit.gap", checked, "nats", fmt=".3f") == 0.012
+    assert page.check("kit.gap_e", checked, "nats", shown="1.2e-02") == 0.012
+    assert page.state("kit.mib", 1234.5678, "MiB", fmt=",.1f") == 1234.6
+    assert page.state("kit.gib", 1234.5678, "GiB", shown="1,235") == 1235
+    got = [(r.name, r.value, r.unit, r.shown) for r in page.ledger.records]
+    assert got == [("kit.gap", 0.012, "nats", "0.012"), ("kit.gap_e", 0.012, "nats", "1.2e-02"),
+                   ("kit.mib", 1234.6, "MiB", "1,234.6"), ("kit.gib", 1235, "GiB", "1,235")]
+
+
+def test_the_conclusion_names_every_unrecorded_number_and_the_fix() -> None:
+    page = _page()
+    with pytest.raises(ValueError) as refused:
+        page.conclude("FSDP2 on 7 ranks saves 0.5 of the memory.")
+    assert str(refused.value) == (
+        f"{page.ledger.page}: the conclusion states '7', '0.5', which the page did not record: "
+        "record it (PAGE.check / PAGE.state, or a PAGE.show table) and format the value the "
+        "record returns.")
+
+
+def test_a_table_without_a_name_is_refused_with_its_first_numbers() -> None:
+    page = _page()
+    with pytest.raises(ValueError) as refused:
+        page.show(None, [{"parameter": "w", "rows": 1, "cols": 2, "dim": 3, "heads": 4}])
+    assert str(refused.value) == (
+        "PAGE.show(None, ...): the table has number cells ([1, 2, 3]...) or assumptions; name it, "
+        "so its numbers are recorded.")
+    with pytest.raises(ValueError) as refused:
+        page.show(None, [["a"]], ["x"], model="TinyLM")
+    assert str(refused.value) == "PAGE.show(None, ...): keys and assumptions need a name."
+
+
+def test_show_passes_formats_and_title_to_the_table_it_prints(capsys) -> None:
+    page = _page()
+    page.show(None, [["fully_shard", datetime.date(2024, 4, 24)]], ["api", "since"],
+              formats={"since": "%B %Y"}, title="APIs")
+    page.show("kit.shares", ROWS[:1], COLS, formats={"share": ".0%"}, title="Shares")
+    assert capsys.readouterr().out == (
+        "APIs\napi               since\n-----------  ----------\nfully_shard  April 2024\n"
+        "Shares\nrank    elements  share\n------  --------  -----\nrank 0        10    50%\n")

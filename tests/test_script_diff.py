@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from guide.report import Table
-from guide.script_diff import DiffLine, code_lines, counts, diff_lines, side_by_side
+from guide.script_diff import DiffLine, code_lines, counts, diff_lines, side_by_side, source
 
 BEFORE = '''def ddp_step(model, x):
     # a comment line: not code
@@ -86,3 +86,77 @@ def test_counts_of_a_script_that_lost_and_gained_lines() -> None:
 def test_a_side_with_no_line_renders_as_an_empty_cell() -> None:
     html = side_by_side(diff_lines("a = 1\n", "a = 1\nb = 2\n"))._repr_html_()
     assert "<td></td>" in html and html.count("<code") == 1
+
+
+def test_an_empty_script_is_refused_naming_both_line_counts() -> None:
+    with pytest.raises(ValueError) as refused:
+        diff_lines("# only a comment\n", AFTER)
+    assert str(refused.value) == ("diff_lines needs two scripts with code in them; got 0 and 5 "
+                                  "running lines.")
+
+
+def test_a_diff_with_nothing_to_show_says_so() -> None:
+    with pytest.raises(ValueError) as refused:
+        side_by_side(diff_lines("a = 1\n", "a = 1  # same code\n"))
+    assert str(refused.value) == ("side_by_side: the two scripts run the same lines; nothing to "
+                                  "show.")
+
+
+def test_the_comment_ignored_starts_at_the_first_two_space_hash() -> None:
+    assert [d.kind for d in diff_lines("y = 1  # a  # b\n", "y = 1  # c\n")] == ["same"]
+
+
+def test_a_line_repeated_hundreds_of_times_still_matches_line_for_line() -> None:
+    """difflib's autojunk would treat a line that fills over 1 % of a 200-line script as junk:
+    no match could start at it, and one changed first line would make every line changed."""
+    loop = "loss = step(model, loss)\n" * 200
+    assert counts(diff_lines("model = DDP(model)\n" + loop, "fully_shard(model)\n" + loop)) == {
+        "same": 200, "changed": 1, "removed": 0, "added": 0, "before": 201, "after": 201}
+
+
+LINES = diff_lines("if a < b:\n    x = 1\nz = 0\n", "if a < b:\n    X = '<i>'\nz = 1\n\ty = 2\n")
+
+
+def test_side_by_side_text_pads_the_before_column_to_its_widest_line() -> None:
+    table = side_by_side(LINES, ("before", "after, migrated"), title="A <diff>")
+    assert str(table) == ("A <diff>\n"
+                          "before    | after, migrated\n"
+                          "    x = 1 |     X = '<i>'\n"
+                          "z = 0     | z = 1\n"
+                          "          | \ty = 2")
+    assert str(side_by_side(LINES)).splitlines()[0] == "before    | after"  # no title line
+    assert table.title == "A <diff>"
+
+
+def test_side_by_side_turns_leading_spaces_only_into_non_breaking_ones() -> None:
+    assert side_by_side(LINES).cells == (("\u00a0" * 4 + "x = 1", "\u00a0" * 4 + "X = '<i>'"),
+                                         ("z = 0", "z = 1"),
+                                         ("", "\ty = 2"))  # a tab is kept as typed
+
+
+def test_the_code_table_renders_escaped_code_cells_exactly() -> None:
+    code = '<td><code class="docutils literal notranslate">'
+    table = ('<table class="guide-table guide-code-table docutils">{caption}'
+             "<thead><tr><th>before</th><th>after, migrated</th></tr></thead><tbody>"
+             f"<tr>{code}\u00a0\u00a0\u00a0\u00a0x = 1</code></td>"
+             f"{code}\u00a0\u00a0\u00a0\u00a0X = &#x27;&lt;i&gt;&#x27;</code></td></tr>"
+             f"<tr>{code}z = 0</code></td>{code}z = 1</code></td></tr>"
+             f"<tr><td></td>{code}\ty = 2</code></td></tr>"
+             "</tbody></table>")
+    columns = ("before", "after, migrated")
+    assert side_by_side(LINES, columns, title="A <diff>")._repr_html_() == table.format(
+        caption="<caption>A &lt;diff&gt;</caption>")
+    assert side_by_side(LINES, columns)._repr_html_() == table.format(caption="")  # no title
+
+
+def _ddp_step(x):
+    return x + 1
+
+
+def _fsdp2_step(x):
+    return x * 2
+
+
+def test_source_joins_the_functions_as_the_page_defines_them() -> None:
+    assert source(_ddp_step, _fsdp2_step) == ("def _ddp_step(x):\n    return x + 1\n\n"
+                                              "def _fsdp2_step(x):\n    return x * 2\n")

@@ -28,6 +28,7 @@ import contextlib
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import FrameType, ModuleType
 from typing import Any
 
 from guide import constants, rendered, report
@@ -51,13 +52,21 @@ def page_name(caller_globals: Mapping[str, Any]) -> str:
 
 
 def _page_globals() -> Mapping[str, Any]:
-    """The globals of the running example: ``__main__`` where it is a script (``python x.py``,
-    torchrun, runpy's ``run_name="__main__"``), else the first caller outside this package."""
-    main = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
-    file = str(main.get("__file__", ""))
+    """The globals of the running example (:func:`_example_globals` of this process and of the
+    frame that called this function)."""
+    return _example_globals(sys.modules.get("__main__"), sys._getframe(1))
+
+
+def _example_globals(main: ModuleType | None, frame: FrameType) -> Mapping[str, Any]:
+    """The globals of the running example: those of ``main`` (the ``__main__`` module, if any)
+    where it is a script (``python x.py``, torchrun, runpy's ``run_name="__main__"``), else those
+    of ``frame`` or, if it is this package's, of the first frame above it outside the package.
+    Given the frame rather than reading the stack, it is testable with any stack (a test's own
+    stack holds the frames of whatever wraps the calls, mutmut's trampolines for one)."""
+    main_globals = vars(main) if main is not None else {}
+    file = str(main_globals.get("__file__", ""))
     if file.endswith(".py") and not Path(file).stem.startswith("_"):  # not python -m's __main__
-        return main
-    frame = sys._getframe(1)
+        return main_globals
     while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("guide."):
         frame = frame.f_back
     return frame.f_globals
