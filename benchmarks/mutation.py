@@ -93,7 +93,7 @@ SCOPE: dict[str, tuple[str, tuple[str, ...]]] = {
     "guide.memory.finetune": ("src/guide/memory/finetune.py", ("guide.memory.finetune.*",)),
 }
 
-#: Kill rate every module must reach.
+#: Share of its mutants every module must have killed or explained as equivalent.
 TARGET = 0.95
 
 
@@ -698,7 +698,7 @@ def main() -> int:
     print(f"\ntook {total_s:.0f} s (mutmut {mutmut_s:.0f} s, {len(statuses)} mutants, "
           f"--max-children {args.max_children}; {len(by_hand)} hand-written mutants "
           f"{total_s - mutmut_s:.0f} s)")
-    below = [r[0] for r in rows if r[6] < TARGET]
+    below = [r[0] for r in rows if r[7] < TARGET]  # killed or explained (issue 38)
     if below:
         print(f"below the {TARGET:.0%} target: {', '.join(below)}")
     return 1 if unexplained or below else 0
