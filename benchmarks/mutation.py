@@ -537,6 +537,26 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
      "SequenceMatcher reads autojunk as a truth value: None is False"),
     ("guide.host_copies.x\u01c1HostDeviceCopies\u01c1__init__", 'self._original: Any = ""',
      "__enter__ sets _original before __exit__, its only reader, runs"),
+    # guide.experts: MoE.forward works on x reshaped to [tokens, d_model], so the router's scores
+    # and the top-k weights are 2-D: dim 1 is dim -1 (and -1 is topk's default dim)
+    *(("guide.experts.x\u01c1MoE\u01c1forward", line,
+       "the scores and weights are 2-D ([tokens, experts]): dim 1 is dim -1, topk's default")
+      for line in ("weights, chosen = self.router(x).softmax(-1).topk(self.top_k, )",
+                   "weights, chosen = self.router(x).softmax(+1).topk(self.top_k, dim=-1)",
+                   "weights, chosen = self.router(x).softmax(-1).topk(self.top_k, dim=+1)",
+                   "weights = weights / weights.sum(+1, keepdim=True)")),
+    ("guide.experts.x\u01c1MoE\u01c1forward",
+     "order = chosen.flatten().argsort(stable=False)  # assignments grouped by expert",
+     "any order that groups the assignments by expert gives the same sum: the experts act on each "
+     "row alone, token and weight follow the same order, and a token's assignments (distinct "
+     "experts) still reach index_add in expert order"),
+    ("guide.experts.x\u01c1MoE\u01c1_expert_parallel",
+     "by_expert = expert_of_row.argsort(stable=False)",
+     "any order that groups the rows by local expert works: the experts act on each row alone "
+     "and out[by_expert.argsort()] undoes whichever order by_expert was"),
+    ("guide.experts.x\u01c1MoE\u01c1__init__",
+     "self.router = nn.Linear(d_model, n_experts, bias=None)",
+     "nn.Linear tests `if bias:`; None, like False, makes no bias"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -9,7 +9,9 @@ factor dropped, the EP all-reduce of the clip dropped) must fail it by the check
 
 from __future__ import annotations
 
+import datetime
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from conftest import EXAMPLES
 from faults import assert_fails_by_name
+from peers import IMPORT_LIMIT_S, start_peer, wait_imported
 
 import guide
 from guide.experts import (Experts, MoE, all_to_all, build_moe_model, expected_expert_layout,
@@ -108,6 +111,73 @@ def test_merge_puts_the_experts_back_in_ep_order() -> None:
         merge_expert_states([], {"w"})
 
 
+def test_the_refusals_say_the_whole_reason() -> None:
+    """Each message in full: the argument, its value and what it should be."""
+    with pytest.raises(ValueError) as err:
+        expert_slice(6, 0, 0)
+    assert str(err.value) == ("ep_size must be a positive integer (the expert-parallel degree), "
+                              "got 0.")
+    with pytest.raises(ValueError) as err:
+        all_to_all(torch.zeros(3, 5), [1, 2], [1, 1], None)
+    assert str(err.value) == ("splits [1, 1] do not cover the 3 rows of x, or differ in length "
+                              "from [1, 2].")
+    with pytest.raises(ValueError) as err:
+        merge_expert_states([{"w": torch.ones(1)}, {}], {"w"})
+    assert str(err.value) == "the EP ranks' states name different parameters."
+    with pytest.raises(ValueError) as err:
+        merge_expert_states([], {"w"})
+    assert str(err.value) == "no states to merge."
+
+
+def test_expert_slice_is_a_slice_of_ints() -> None:
+    """The slice indexes a list (a slice of floats 3.0:6.0 would not)."""
+    assert list(range(6))[expert_slice(6, 1, 2)] == [3, 4, 5]
+    assert list(range(6))[expert_slice(6, 0, 3)] == [0, 1]
+
+
+def test_merge_takes_a_state_of_experts_alone() -> None:
+    """Every parameter may be an expert one (the names equal the states' keys)."""
+    merged = merge_expert_states([{"w": torch.zeros(1, 2)}, {"w": torch.ones(2, 2)}], {"w"})
+    assert merged["w"].tolist() == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
+
+
+def test_a_fresh_moe_is_one_process_layer_and_top_k_1_is_allowed() -> None:
+    moe = MoE(4, 8, 2, 1)
+    assert (moe.top_k, moe.ep_group, moe.ep_size) == (1, None, 1)
+    assert moe.router.bias is None
+
+
+def test_experts_no_token_chooses_still_count() -> None:
+    """Every token picks expert 0 (positive inputs, the router's other rows 0): the counts still
+    name all 4 experts, 3 of them with no rows."""
+    moe = _moe(4, 1)
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[0] = 1.0
+    x = torch.rand(3, CFG.d_model) + 0.1
+    with torch.no_grad():
+        want = F.gelu(x @ moe.experts.w1[0]) @ moe.experts.w2[0]
+        torch.testing.assert_close(moe(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_build_moe_model_lands_on_the_device_it_is_given() -> None:
+    model = build_moe_model(CFG, 4, 2, device="meta")
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+def test_building_touches_no_accelerator_rng(monkeypatch) -> None:
+    """The build forks the CPU generator only: on a node with GPUs it must not initialise them
+    (torch's fork_rng with devices=None reads every CUDA device's state)."""
+    def touched(*args, **kwargs):
+        raise AssertionError("build_moe_model read a CUDA generator")
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", touched)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # fork_rng's warning about "2 available devices" too
+        build_moe_model(CFG, 4, 2)
+
+
 # -- guide.experts, 2 gloo ranks -----------------------------------------------------------------
 
 def _ep_job(rank: guide.Rank) -> dict:
@@ -142,6 +212,152 @@ def test_expert_parallel_computes_the_single_process_layer() -> None:
         else:
             got = ranks[0]["grads"][name]
         torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+#: The uneven all-to-all of the two-rank test: rank -> (in_splits, out_splits). Rank 0 sends 1 row
+#: to itself and 3 to rank 1, rank 1 sends 2 to rank 0 and 2 to itself (4 rows out, 3 in).
+_SPLITS = {0: ([1, 3], [1, 2]), 1: ([2, 2], [3, 2])}
+
+
+def _rows(rank: int) -> torch.Tensor:
+    """Rank ``rank``'s rows for the all-to-all: row ``i`` is ``100 * rank + i`` plus a [2, 3] of
+    tenths, viewed [3, 2] (not contiguous)."""
+    n = sum(_SPLITS[rank][0])
+    tenths = torch.arange(6.0).view(2, 3) / 10
+    base = (100.0 * rank + torch.arange(n, dtype=torch.float32))[:, None, None] + tenths
+    return base.transpose(1, 2)
+
+
+def _weights(rank: int, n: int) -> torch.Tensor:
+    """What rank ``rank`` multiplies its ``n`` received rows by in its loss."""
+    return ((rank + 1) * torch.arange(1.0, n + 1))[:, None, None].expand(n, 3, 2)
+
+
+def _two_rank_work(rank: int) -> dict:
+    """The same on both ranks of a gloo world of 2 (rank 0 in the test, rank 1 a peer): the
+    all-to-all over the world and over a group of one, and MoE layers with their experts over the
+    world (2 per rank) and over a group of one (all 4). Returns rank 0's tensors."""
+    import torch.distributed as dist
+
+    own = [dist.new_group([0]), dist.new_group([1])][rank]  # every rank creates every group
+    got = {}
+    in_splits, out_splits = _SPLITS[rank]
+    x = _rows(rank).requires_grad_()
+    out = all_to_all(x, out_splits, in_splits, dist.group.WORLD)
+    (out * _weights(rank, len(out))).sum().backward()
+    got["world"], got["world_grad"] = out.detach(), x.grad
+    x = _rows(rank).requires_grad_()
+    out = all_to_all(x, [len(x)], [len(x)], own)
+    (out * _weights(rank, len(out))).sum().backward()
+    got["own"], got["own_grad"] = out.detach(), x.grad
+
+    tokens = torch.randint(0, CFG.vocab, (4, 8), generator=torch.Generator().manual_seed(0))
+    mine = tokens.chunk(2)[rank]
+    for name, group, ep_rank, ep_size in (("ep2", dist.group.WORLD, rank, 2), ("ep1", own, 0, 1)):
+        model = to_expert_parallel(build_moe_model(CFG, 4, 2), group, ep_rank, ep_size)
+        out = model(mine)
+        (out.square().mean() * 0.5).backward()  # over the world: half the global mean
+        got[name] = [torch.zeros_like(out), torch.zeros_like(out)]
+        dist.all_gather(got[name], out.detach())
+        got[name + "_grads"] = {n: p.grad for n, p in model.named_parameters()}
+    return got
+
+
+#: Rank 1 of the two-rank test: _two_rank_work in a fresh process.
+_PEER = """
+import datetime, sys
+import torch.distributed as dist
+from test_experts_mesh import _two_rank_work
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=1, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+_two_rank_work(1)
+dist.destroy_process_group()
+"""
+
+
+def _run_two_ranks(tmp: Path) -> dict:
+    """Rank 0's results of :func:`_two_rank_work`, run in this process (where mutmut sees it)."""
+    import torch.distributed as dist
+
+    init = f"file://{tmp / 'store'}"
+    ready = tmp / "peer.imported"
+    peer = start_peer(_PEER, init, ready=ready)
+    try:
+        wait_imported(peer, ready)  # the 60-s rendezvous starts once rank 1 can join
+        dist.init_process_group("gloo", init_method=init, rank=0, world_size=2,
+                                timeout=datetime.timedelta(seconds=60))
+        got = _two_rank_work(0)
+    except BaseException:
+        peer.kill()
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        peer.wait(timeout=120)
+    assert peer.returncode == 0, f"rank 1 failed (exit {peer.returncode})"
+    return got
+
+
+def _reference(tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    model = build_moe_model(CFG, 4, 2)
+    out = model(tokens)
+    out.square().mean().backward()
+    return out.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def _all_to_all_moves_uneven_splits_and_their_gradients_back(got: dict) -> None:
+    """Rank 0 keeps its row 0 and gets rank 1's rows 0-1; each row's gradient is the weight its
+    receiver gave it (rank 0's first, rank 1's first three for the rows rank 0 sent it)."""
+    x0, x1 = _rows(0), _rows(1)
+    assert torch.equal(got["world"], torch.cat([x0[:1], x1[:2]]))
+    assert torch.equal(got["world_grad"], torch.cat([_weights(0, 3)[:1], _weights(1, 5)[:3]]))
+
+
+def _all_to_all_over_a_group_of_one_keeps_the_rows(got: dict) -> None:
+    """Over rank 0's group of one (not the world of 2): x itself, and its loss weights as grad."""
+    assert torch.equal(got["own"], _rows(0))
+    assert torch.equal(got["own_grad"], _weights(0, 4))
+
+
+def _expert_parallel_computes_the_single_process_layer(got: dict, tokens: torch.Tensor) -> None:
+    """EP over the world (rank 0 holds experts 0-1): both ranks' outputs are one process's, and so
+    are rank 0's expert gradients (from both ranks' tokens) and dense gradients (its tokens')."""
+    want, want_grads = _reference(tokens)
+    torch.testing.assert_close(torch.cat(got["ep2"]), want, rtol=1e-5, atol=1e-6)
+    _, mine_grads = _reference(tokens[:2])  # the dense gradients of rank 0's half of the loss
+    for name, grad in got["ep2_grads"].items():
+        if ".experts." in name:
+            assert grad.shape[0] == 2, name
+            torch.testing.assert_close(grad, want_grads[name][:2], rtol=1e-4, atol=1e-6, msg=name)
+        else:
+            torch.testing.assert_close(grad, 0.5 * mine_grads[name], rtol=1e-4, atol=1e-6,
+                                       msg=name)
+
+
+def _expert_parallel_over_a_group_of_one_is_the_whole_layer(got: dict,
+                                                             tokens: torch.Tensor) -> None:
+    """EP of degree 1 over each rank's own group inside the world of 2: every expert kept, each
+    rank's outputs and gradients those of one process on its own tokens."""
+    for rank, half in enumerate(tokens.chunk(2)):
+        want, _ = _reference(half)
+        torch.testing.assert_close(got["ep1"][rank], want, rtol=1e-5, atol=1e-6)
+    _, want_grads = _reference(tokens[:2])
+    for name, grad in got["ep1_grads"].items():
+        torch.testing.assert_close(grad, 0.5 * want_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.timeout(IMPORT_LIMIT_S + 180)  # rank 1 imports torch first (tests/peers.py)
+def test_two_ranks_here_exchange_and_compute_what_one_process_does(tmp_path: Path) -> None:
+    """Rank 0 in this process (mutmut sees only this process), rank 1 a peer: the all-to-all
+    over the world and over a group of one, values and gradients, and expert parallelism of
+    degree 2 and 1, outputs and gradients against one process (one test: the peer runs once, and
+    mutmut attributes the calls to the test that made them)."""
+    got = _run_two_ranks(tmp_path)
+    tokens = torch.randint(0, CFG.vocab, (4, 8), generator=torch.Generator().manual_seed(0))
+    _all_to_all_moves_uneven_splits_and_their_gradients_back(got)
+    _all_to_all_over_a_group_of_one_keeps_the_rows(got)
+    _expert_parallel_computes_the_single_process_layer(got, tokens)
+    _expert_parallel_over_a_group_of_one_is_the_whole_layer(got, tokens)
 
 
 # -- the page --------------------------------------------------------------------------------------
