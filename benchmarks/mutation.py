@@ -557,6 +557,23 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
     ("guide.experts.x\u01c1MoE\u01c1__init__",
      "self.router = nn.Linear(d_model, n_experts, bias=None)",
      "nn.Linear tests `if bias:`; None, like False, makes no bias"),
+    # issue 38's modules, second run: guide.rendered's scan (the rest were real gaps, now tested)
+    ("guide.rendered.x__candidates",
+     "def _candidates(records: Iterable[Claim], texts: bool = True) -> list[float]:",
+     "the only caller, unrecorded_numbers, always passes texts=: the default is never read"),
+    ("guide.rendered.x__exempt", 'after = text[m.end():m.end() + 7]  # "-MM-DD" is 6 characters',
+     r"every read of after is an anchored re.match of at most 6 characters (-\d\d-\d\d, "
+     r"[.)]\s, :\d): a 7th character is never looked at"),
+    ("guide.rendered.x__exempt",
+     'if before.endswith("XX#XX") or (("." not in num) and _INDEX_WORDS.search(before)):',
+     r"_NUMBER's lookbehind (?<![\w.#]) never matches right after '#' or a word character, so "
+     "before ends with neither '#' nor 'XX#XX': both tests are always false (#123 is exempt "
+     "by the lookbehind)"),
+    ("guide.rendered.x__exempt", 'line_start = text.rfind("\\n", None, start) + 1',
+     "a start of None is 0"),
+    ("guide.rendered.x__exempt", 'line_start = text.rfind("\\n", 1, start) + 1',
+     "they differ only when text[0] is the one newline before the number: the slice then starts "
+     "with that newline, which .strip() removes"),
 )
 
 _RESULT = re.compile(r"^\s+(\S+): (.+)$")

@@ -164,3 +164,45 @@ def test_scaling_scales_absolute_allowances_only_and_refuses_a_bad_factor() -> N
     for factor in (-1.0, 0.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match=f"factor {factor} must be positive and finite"):
             _match(2.0, 2.1, 0.5).scaled(factor, "x")
+
+
+def test_a_derived_reference_is_refused_in_words_that_name_the_fix() -> None:
+    from guide.checked import refuse_derived
+
+    for want in (derived(2.0), [1.0, derived(2.0)]):
+        with pytest.raises(Tautology) as err:
+            refuse_derived("activations", "r", 2.0, want)
+        assert str(err.value) == (
+            "[activations] r: the reference is the checked value itself (the same object, or "
+            "flagged guide.checked.derived): such a check proves nothing. Compare with an "
+            "independent value (a formula from other inputs, torch's own instrument, a reference "
+            "run), or record the number as computed.")
+
+
+@pytest.mark.parametrize("against, same_object, how", [
+    ("the reference", True, "the same object"),
+    (" FSDP2  x2 ", False, "the reference is named as the run"),
+])
+def test_a_self_comparison_is_refused_in_words_that_say_how_and_the_fix(
+        against: str, same_object: bool, how: str) -> None:
+    from guide.checked import refuse_self_comparison
+
+    with pytest.raises(Tautology) as err:
+        refuse_self_comparison("loss equivalence", "FSDP2 x2", against, same_object)
+    assert str(err.value) == (
+        f"[loss equivalence] FSDP2 x2: compared with itself ({how}): such a check proves "
+        "nothing. Compare with an independent run (e.g. one process on the full batch), or show "
+        "the value without a check.")
+
+
+def test_a_ratio_of_a_run_by_itself_is_refused_in_words_that_name_the_fix() -> None:
+    from guide.checked import ratio
+
+    held = 1000.5
+    for of, over, num, den in (("DDP at N=4", " ddp  at N=4", 1.0, 2.0),
+                               ("FSDP2 at N=4", "DDP at N=4", held, held)):
+        with pytest.raises(Tautology) as err:
+            ratio("held ratio", num, den, of=of, over=over)
+        assert str(err.value) == (
+            f"[held ratio] {of} over {over}: a ratio of a quantity by itself is 1 by "
+            "construction; show that row as the reference, not as a checked ratio.")

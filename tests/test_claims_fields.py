@@ -268,3 +268,42 @@ def test_a_typo_of_each_option_names_it(typo: str, hint: str) -> None:
     with pytest.raises(TypeError, match=rf"^x: unknown keyword '{typo}' \(did you mean {hint}\?\)"
                                         r": not an option"):
         claims.check_assumptions({typo: 1}, "x")
+
+
+_UNKNOWN_FNT = ("unknown keyword 'fnt' (did you mean 'fmt'?): not an option and not an assumption "
+                "of guide.claims.ASSUMPTIONS (add a new kind of assumption there).")
+
+
+@pytest.mark.parametrize("call, where", [
+    (lambda: claims.Ledger("plot_a", fnt=1), "Ledger('plot_a')"),
+    (lambda: claims.Ledger("plot_a").assume(fnt=1), "assume"),
+    (lambda: claims.Ledger("plot_a").scope(fnt=1).__enter__(), "scope"),
+    (lambda: claims.Ledger("plot_a").claim("m.x", 1, "", fnt=1), "claim 'm.x'"),
+    (lambda: claims.Ledger("plot_a").record("m.y", checks.expect_close("c", "r", 1.0, 1.1, 0.5),
+                                            fnt=1), "claim 'm.y'"),
+])
+def test_an_unknown_keyword_names_the_call_it_was_given_to(call, where: str) -> None:
+    with pytest.raises(TypeError) as err:
+        call()
+    assert str(err.value) == f"{where}: {_UNKNOWN_FNT}"
+
+
+def test_assuming_another_value_names_the_assumptions_and_the_fix() -> None:
+    ledger = claims.Ledger("plot_a", model="m", steps=1)
+    ledger.assume(model="m", seq_len=8)  # the same value again, and a new one: fine
+    with pytest.raises(ValueError) as err:
+        ledger.assume(steps=2, model="n", seq_len=8)
+    assert str(err.value) == ("assume: ['model', 'steps'] already assumed with other values; use "
+                              "scope(...) for a part of the page.")
+    ledger.claim("m.a", 1, "x")
+    assert ledger.records[0].assumptions == (("model", "m"), ("seq_len", "8"), ("steps", "1"))
+
+
+def test_a_typed_checked_guard_is_refused_with_the_whole_fix() -> None:
+    with pytest.raises(ValueError) as err:
+        claims.Ledger("plot_a").claim("m.x", 1.0, "", guard="asserted: x")
+    assert str(err.value) == (
+        "claim 'm.x': guard 'asserted: x' is typed. An asserted or ordered guard comes from the "
+        "check that ran: `ledger.record(name, checks.expect_close(...))` (or the value another "
+        "guide.checks check returned); if no check compares the number with an independent "
+        "value, record it as computed.")

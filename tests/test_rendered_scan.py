@@ -342,3 +342,26 @@ def test_page_of_maps_gallery_pages_and_only_them() -> None:
     assert rendered.page_of(Path("auto_examples/plot_x.html")) == "plot_x"
     assert rendered.page_of("auto_examples/index.html") == "auto_examples/index"
     assert rendered.page_of("pages/plot_x.html") == "pages/plot_x"
+
+
+@pytest.mark.parametrize("text, found", [
+    # rule 7 exempts an integer only: a decimal opening a line before ") " or ". " is a number
+    ("\n2.5) two", ["2.5"]), ("x\n9.87. two", ["9.87"]),
+    # and only at the start of its own line, whatever lines follow
+    ("about 3) more\nnext line", ["3"]), ("a\nabout 3) more\nnext\n", ["3"]),
+])
+def test_list_numbering_is_an_integer_at_the_start_of_its_own_line(text: str,
+                                                                  found: list[str]) -> None:
+    assert _numbers(text) == found
+
+
+def test_the_context_of_a_number_near_the_start_begins_at_the_first_character() -> None:
+    (u,) = rendered.unrecorded_numbers("plot_a", "A 9.87 GiB peak", [])
+    assert u == rendered.Unrecorded("plot_a", "9.87", "A 9.87 GiB peak")
+
+
+def test_a_recorded_identifier_ending_in_a_capital_x_does_not_record_its_digits() -> None:
+    """Only ``x``, ``×`` and ``%`` make a recorded text a number (``7x``, ``24.7%``); ``8X``,
+    like ``70B``, is an identifier (rule 2), whether a claim's value or an assumption."""
+    assert _numbers("8 and 16", [_claim("8X"), _claim(1.0, variant="16X")]) == ["8", "16"]
+    assert _numbers("8 and 16", [_claim("8x"), _claim(1.0, variant="16x")]) == []

@@ -364,3 +364,33 @@ def test_a_page_that_does_not_parse_is_named_in_the_syntax_error(tmp_path: Path)
     with pytest.raises(SyntaxError) as err:
         declared(page)
     assert err.value.filename == str(page)
+
+
+@pytest.mark.parametrize("call", ["guide.Page(world_size=2)", "guide.Page(supports=(2,))",
+                                  "guide.Page(section='s', order=1)"])
+def test_a_page_declaration_without_its_sizes_names_its_line_and_the_fix(tmp_path: Path,
+                                                                         call: str) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text(f"import guide\n\nPAGE = {call}\n")
+    with pytest.raises(ValueError) as err:
+        declared(page)
+    assert str(err.value) == ("plot_x.py, line 3: the page declaration lacks its world sizes: "
+                              "guide.Page(..., world_size=D, supports=(...), why='...').")
+
+
+def test_a_page_declaration_is_read_once_and_literally_and_its_reason_defaults_to_empty(
+        tmp_path: Path) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text("PAGE = guide.Page(world_size=2, supports=(2, 4))\n")
+    assert declared(page) == Contract(2, (2, 4), "")
+    page.write_text("PAGE = guide.Page(world_size=2, supports=(2,))\n"
+                    "OTHER = guide.Page(world_size=2, supports=(2,))\n")
+    with pytest.raises(ValueError) as err:
+        declared(page)
+    assert str(err.value) == ("plot_x.py: expected one guide.Page(...) call declaring the page, "
+                              "found 2.")
+    page.write_text("\nPAGE = guide.Page(world_size=N, supports=(2,))\n")
+    with pytest.raises(ValueError) as err:
+        declared(page)
+    assert str(err.value) == ("plot_x.py, line 2: the page declaration must use literal values "
+                              "(the docs read it without running the page).")

@@ -245,6 +245,15 @@ def test_same_init_is_bit_for_bit_and_says_why() -> None:
         checks.assert_same_init("r", _params(), _params(b=NAN))
 
 
+def test_same_init_names_its_reference_in_the_failure() -> None:
+    with pytest.raises(CheckFailed) as err:
+        checks.assert_same_init("FSDP2 x2", _params(), _params(b=0.5))
+    assert str(err.value) == (
+        "[initial weights] FSDP2 x2: b differs from the reference's initial weights by 5.00e-01 > "
+        "tol 0e+00. The ranks built different initial weights: fully_shard does not broadcast, so "
+        "every rank must build the model with the same seed.")
+
+
 # -- assert_ranks_agree ------------------------------------------------------------------------------
 
 def test_ranks_that_agree_pass() -> None:

@@ -44,3 +44,13 @@ def test_nothing_to_compare_is_not_agreement(replicas: int, shards: int, per_ran
         checks.assert_replicas_identical("x", per_rank, replicas, shards)
     assert str(err.value) == ("[HSDP replicas] x: no shards to compare (no steps reported, or one "
                               "replica).")
+
+
+def test_missing_ranks_or_parameters_are_named_with_the_check_run_and_mesh() -> None:
+    with pytest.raises(CheckFailed) as err:
+        checks.assert_hsdp_sharded("x", LAYOUTS[:3], 2, 2)
+    assert str(err.value) == ("[HSDP sharding] x: layouts from ranks [0, 1, 2], expected 0..3 "
+                              "(2 replicas x 2 shards).")
+    with pytest.raises(CheckFailed) as err:
+        checks.assert_hsdp_sharded("x", [], 2, 2)
+    assert str(err.value) == "[HSDP sharding] x: no parameters were reported."
