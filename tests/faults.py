@@ -16,6 +16,7 @@ import io
 import re
 import textwrap
 import tokenize
+from collections.abc import Iterable
 from pathlib import Path
 
 from guide.fault_points import TAG, without_tags  # one pattern: the rendered page drops it
@@ -62,6 +63,15 @@ def inject(source: str, edits: list[tuple[str, str]], page: str = "the page") ->
         source = "".join(text[:first]) + new + "".join(text[last:])
         ast.parse(source)  # the fault must leave a program
     return source
+
+
+def mistagged(page: Path, edit_lists: Iterable[list[tuple[str, str]]]) -> dict[str, int]:
+    """Each tag the faults' edits name that ``page`` does not carry exactly once, with how many
+    times it does: ``{}`` when every fault can be injected. A quick test of this keeps a page edit
+    that drops a tag from surfacing only in a slow fault test."""
+    points = fault_points(page.read_text())
+    tags = {tag for edits in edit_lists for tag, _ in edits}
+    return {tag: len(points.get(tag, [])) for tag in sorted(tags) if len(points.get(tag, [])) != 1}
 
 
 def write_faulty(page: Path, edits: list[tuple[str, str]], dest_dir: Path) -> Path:
@@ -137,5 +147,5 @@ FAULTS: dict[str, list[tuple[str, str]]] = {
 
 
 def write_faulty_example(example: Path, fault: str, dest_dir: Path) -> Path:
-    """Write the main example with ``fault`` (a key of :data:`FAULTS`) injected into ``dest_dir``."""
+    """Write the main example with ``fault`` (a key of :data:`FAULTS`) injected, in ``dest_dir``."""
     return write_faulty(example, FAULTS[fault], dest_dir)

@@ -10,10 +10,13 @@ the peer exits first), and only then starts the process group and its timeout.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 #: How long a peer may take to import torch and guide: the measured 34 s at load 9, with room for
@@ -43,6 +46,33 @@ def wait_imported(peer: subprocess.Popen, ready: Path, limit_s: float = IMPORT_L
             peer.wait()
             raise AssertionError(f"the peer did not import torch and guide within {limit_s:.0f} s")
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def rank0_beside_peer(peer_code: str, tmp: Path, timeout_s: float,
+                      peer_exit_s: float = 120) -> Iterator[None]:
+    """This process as rank 0 of a two-rank gloo world (a file store in ``tmp``) for the ``with``
+    block, rank 1 a fresh process running ``peer_code`` with the store's URL as ``sys.argv[1]``:
+    the rendezvous (``timeout_s``) starts once the peer has imported torch; on an error the peer is
+    killed; the world is torn down either way, and the peer must then exit with 0."""
+    import torch.distributed as dist
+
+    init = f"file://{tmp / 'store'}"
+    ready = tmp / "peer.imported"
+    peer = start_peer(peer_code, init, ready=ready)
+    try:
+        wait_imported(peer, ready)
+        dist.init_process_group("gloo", init_method=init, rank=0, world_size=2,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        yield
+    except BaseException:
+        peer.kill()
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        peer.wait(timeout=peer_exit_s)
+    assert peer.returncode == 0, f"rank 1 failed (exit {peer.returncode}; its stderr is above)"
 
 
 def reset_group_names() -> None:

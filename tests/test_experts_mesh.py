@@ -9,7 +9,6 @@ factor dropped, the EP all-reduce of the clip dropped) must fail it by the check
 
 from __future__ import annotations
 
-import datetime
 import re
 import warnings
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from conftest import EXAMPLES
 from faults import assert_fails_by_name
-from peers import IMPORT_LIMIT_S, start_peer, wait_imported
+from peers import IMPORT_LIMIT_S, rank0_beside_peer
 
 import guide
 from guide.experts import (Experts, MoE, all_to_all, build_moe_model, expected_expert_layout,
@@ -277,25 +276,8 @@ dist.destroy_process_group()
 
 def _run_two_ranks(tmp: Path) -> dict:
     """Rank 0's results of :func:`_two_rank_work`, run in this process (where mutmut sees it)."""
-    import torch.distributed as dist
-
-    init = f"file://{tmp / 'store'}"
-    ready = tmp / "peer.imported"
-    peer = start_peer(_PEER, init, ready=ready)
-    try:
-        wait_imported(peer, ready)  # the 60-s rendezvous starts once rank 1 can join
-        dist.init_process_group("gloo", init_method=init, rank=0, world_size=2,
-                                timeout=datetime.timedelta(seconds=60))
-        got = _two_rank_work(0)
-    except BaseException:
-        peer.kill()
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        peer.wait(timeout=120)
-    assert peer.returncode == 0, f"rank 1 failed (exit {peer.returncode})"
-    return got
+    with rank0_beside_peer(_PEER, tmp, timeout_s=60):
+        return _two_rank_work(0)
 
 
 def _reference(tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:

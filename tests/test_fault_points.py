@@ -40,3 +40,13 @@ def test_a_script_shown_side_by_side_has_no_tags() -> None:
     text = script_diff.source(_tagged, _tagged)
     assert "fault-point" not in text and text.count("# kept") == 2
     assert text.count("model = model * 2\n") == 2
+
+
+def test_a_missing_or_doubled_tag_is_reported_before_any_fault_runs(tmp_path) -> None:
+    page = tmp_path / "plot_x.py"
+    page.write_text("a = 1  # fault-point: one\n"
+                    "b = 2  # fault-point: two\n"
+                    "c = 3  # fault-point: two\n")
+    faults_of_page = [[("one", "a = 0")], [("two", "b = 0"), ("three", "c = 0")]]
+    assert faults.mistagged(page, faults_of_page) == {"three": 0, "two": 2}
+    assert faults.mistagged(page, [[("one", "a = 0")]]) == {}

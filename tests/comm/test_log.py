@@ -6,7 +6,6 @@ The launched tests run 2 gloo ranks (a few seconds each); the rest run in a gloo
 
 from __future__ import annotations
 
-import datetime
 import math
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from guide.model import ModelConfig, build_model
 from guide.sharding import apply_fsdp2
 from guide.training import make_optimizer, train_steps
 
-from peers import IMPORT_LIMIT_S, start_peer, wait_imported
+from peers import IMPORT_LIMIT_S, rank0_beside_peer
 
 
 @pytest.mark.parametrize("call", [
@@ -440,13 +439,7 @@ def test_two_ranks_record_the_full_buffer_and_the_group_size(tmp_path):
     one's inputs add up to 6; a collective over a group of one inside the world of two records 1,
     and so does DDP over that group (HSDP's shape: DDP over a subgroup), whose hook must reduce over
     DDP's group, not the world."""
-    init = f"file://{tmp_path / 'store'}"
-    ready = tmp_path / "peer.imported"
-    peer = start_peer(_PEER, init, ready=ready)
-    try:
-        wait_imported(peer, ready)  # the 30-s rendezvous starts once rank 1 can join
-        dist.init_process_group("gloo", init_method=init, rank=0, world_size=2,
-                                timeout=datetime.timedelta(seconds=30))
+    with rank0_beside_peer(_PEER, tmp_path, timeout_s=30, peer_exit_s=60):
         alone = dist.new_group([0])
         with CollectiveLog() as log:
             out = [torch.zeros(5), torch.zeros(5)]
@@ -465,14 +458,6 @@ def test_two_ranks_record_the_full_buffer_and_the_group_size(tmp_path):
         with CollectiveLog(ddp) as ddp_log:
             ddp(torch.ones(4, 3)).sum().backward()
         assert torch.equal(ddp.module.bias.grad, torch.full((2,), 4.0))  # divided by 1, not 2
-    except BaseException:
-        peer.kill()
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        peer.wait(timeout=60)
-    assert peer.returncode == 0
     assert log.records == [
         Collective("all_gather", "float32", 10, 40, None, 2),
         Collective("all_gather", "float32", 10, 40, None, 2),
