@@ -311,10 +311,10 @@ show(table([["True", None, "the reference"]] +
 # tensors below glibc's mmap threshold (which can reuse resident heap pages unseen) plus ``NOISE``,
 # the run-to-run spread of resident memory between two measurements; the table prints each
 # setting's allowance. The default keeps only the root's parameters, less than its allowance: this
-# resolution cannot tell them from nothing, which is why the default's layout is asserted from the
-# parameters themselves, above. The step's peak moves less than that: with ``True`` the backward
-# re-gathers a unit (and prefetches the next) at the same time as it holds that unit's full
-# gradient. Step time is measured too, but on two shared CPU cores running four ranks it is
+# resolution cannot tell them from nothing, so its row is only checked to stay below half of what
+# ``False`` keeps, and the default's layout is asserted from the parameters themselves, above.
+# The step's peak moves less than that: with ``True`` the backward re-gathers a unit (and
+# prefetches the next) at the same time as it holds that unit's full gradient. Step time is measured too, but on two shared CPU cores running four ranks it is
 # dominated by scheduling, so it is shown, not asserted.
 MiB = 2**20
 NOISE = MiB // 4  # resolution of "resident after forward" between two measurements
@@ -347,19 +347,22 @@ for name, res in results.items():
     if name == "True":  # the baseline the others are measured from: 0 by construction
         cell = PAGE.state(name_kept, extra / MiB, "MiB", fmt=".2f", baseline=True, **SETUP)
         label = f"{name} (the baseline)"
+    elif want <= allowed:  # below resolution: only "far less than False keeps" can be told
+        # (an allowance that reaches 0 proves no value, issue 23; under torchrun on a busy machine
+        # two runs' resident memory differed by more than NOISE, so no closeness is asserted)
+        cell = checks.expect_order(
+            "memory", f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}", extra,
+            (held["False"] - held["True"]) / 2, low_name="bytes the forward left beyond True's",
+            high_name="half of False's", unit="bytes").scaled(1 / MiB, "MiB")
+        PAGE.check(name_kept, cell, fmt=".2f", **SETUP)
+        label = f"{name} (below resolution: ordered)"
     else:
-        kept_mib = checks.expect_close(
+        cell = checks.expect_close(
             "memory", f"FSDP2 x{WORLD_SIZE}, reshard_after_forward={name}", extra, want,
             allowed, "bytes the forward left beyond True's",
             against="the parameters it keeps unsharded").scaled(1 / MiB, "MiB")
-        # An allowance that reaches 0 proves no value (issue 23): such a row is computed.
-        below = kept_mib.reaches_zero()
-        if below:
-            PAGE.state(name_kept, kept_mib.value, "MiB", fmt=".2f", **SETUP)
-        else:
-            PAGE.check(name_kept, kept_mib, fmt=".2f", **SETUP)
-        cell = kept_mib.value if below else kept_mib
-        label = name + (" (below resolution: computed)" if below else "")
+        PAGE.check(name_kept, cell, fmt=".2f", **SETUP)
+        label = name
     rows.append([label, cell, want / MiB, allowed / MiB, peak_mib[name], step_ms[name]])
 MIB_COLUMNS = ["kept after fwd MiB", "expected MiB", "allowed ± MiB"]
 PAGE.show("reshard.memory_time", rows, ["setting", *MIB_COLUMNS, "step peak MiB", "step time ms"],
