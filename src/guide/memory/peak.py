@@ -25,11 +25,18 @@ the launcher), swapped-out pages, or ``mmap``'d files shared with others twice.
 That is only a measure of the *model's* memory if freed memory really leaves the process. glibc's
 default heap keeps freed blocks (up to its dynamic mmap threshold, 32 MiB on 64-bit) and fragments:
 measured with torch 2.13 on gloo, FSDP2 then *looked* bigger than DDP. :func:`prepare` sets glibc's
-``M_MMAP_THRESHOLD`` to 64 KiB, so every allocation above that is its own ``mmap`` and goes back to
+``M_MMAP_THRESHOLD`` to 64 KiB, so an allocation above that is its own ``mmap`` and goes back to
 the kernel on ``free``; with it, per-rank peaks grow with depth as the model state does, plus a
 small per-block remainder (the "memory against depth" example asserts it). Allocations below
-64 KiB still come from the heap and may reuse pages that were resident before entry: they are
-undercounted, never overcounted (the site's checks allow :data:`RESOLUTION_BYTES` for this).
+64 KiB still come from the heap, and freed heap blocks coalesce into holes that glibc hands out
+*before* it maps anything new, even to an allocation above the threshold. So at entry the block
+also hands the heap's free pages back to the kernel (:func:`release_freed_heap`): without that, a
+tensor placed in a hole whose pages were still resident added nothing to ``VmRSS`` (on torch 2.9
+beside CPU hogs, whole gradient shards of the gradient-accumulation page went unseen). At exit
+it does so again before reading ``end_bytes``, so that heap blocks made and freed inside the block
+(which refill those released pages) count in the peak but not in what the block kept. Small
+tensors can still share pages with live objects: they are undercounted, never overcounted (the
+site's checks allow :data:`RESOLUTION_BYTES` for this).
 (Call :func:`prepare` before the model is built; :func:`guide.launch` with ``memory_limit_mib``
 does the same.)
 Measure a step *after* a warm-up step, so that lazily imported code and one-time buffers are not
@@ -42,7 +49,6 @@ not the CUDA context, not NCCL's internal buffers, not memory cached but unused 
 
 from __future__ import annotations
 
-import gc
 import re
 from pathlib import Path
 from types import TracebackType
@@ -92,10 +98,11 @@ class PeakMemory:
 
     * ``peak_bytes``: the highest level reached inside the block, minus ``baseline_bytes``
       (≥ 0; what the block added at its worst moment);
-    * ``baseline_bytes``: the level at entry (CPU: ``VmRSS`` after a ``gc.collect()``; CUDA:
-      ``memory_allocated``);
-    * ``end_bytes``: the level at exit minus ``baseline_bytes`` (what the block left behind; may be
-      negative if it freed more than it kept);
+    * ``baseline_bytes``: the level at entry (CPU: ``VmRSS`` after :func:`release_freed_heap`;
+      CUDA: ``memory_allocated``);
+    * ``end_bytes``: the level at exit (CPU: after :func:`release_freed_heap` again) minus
+      ``baseline_bytes`` (what the block left behind; may be negative if it freed more than it
+      kept);
     * ``method``: what was read (``"VmHWM"`` or ``"cuda.max_memory_allocated"``).
 
     ``device``: ``None`` picks CUDA when it is available, else CPU; or pass ``rank.device``.
@@ -127,7 +134,7 @@ class PeakMemory:
                     "PeakMemory on CPU needs guide.memory.prepare() at the start of the worker "
                     "(or guide.launch(..., memory_limit_mib=...)): with glibc's default heap, freed "
                     "memory stays resident and the peak measures fragmentation, not the step.")
-            gc.collect()
+            release_freed_heap()  # gc.collect(), then free heap pages go back: see the module's text
             _CLEAR_REFS.write_text("5")  # VmHWM := VmRSS
             self.baseline_bytes = _status_bytes("VmRSS")
         _active = True
@@ -142,8 +149,9 @@ class PeakMemory:
             high = int(torch.cuda.max_memory_allocated(self.device))
             now = int(torch.cuda.memory_allocated(self.device))
         else:
-            status = _status()
-            high, now = status["VmHWM"], status["VmRSS"]
+            high = _status_bytes("VmHWM")
+            release_freed_heap()  # what the block freed on the heap leaves too: only what it kept stays
+            now = _status_bytes("VmRSS")
         self.peak_bytes = max(0, high - self.baseline_bytes)
         self.end_bytes = now - self.baseline_bytes
         self._done = True
