@@ -122,6 +122,8 @@ _PATHS = ("tests/checks/test_checked_paths.py",)
 _SCAN = ("tests/test_rendered_scan.py",)
 _JS = "docs/_static/memory_widget.js"
 _WIDGET = ("tests/memory/test_widget_js.py", "tests/memory/test_widget_node.py")
+_PEAK = "src/guide/memory/peak.py"
+_PEAK_TESTS = ("tests/memory/test_peak.py", "-kheap")
 #: mutmut does not mutate module-level constants, nor delete half of a condition: the tolerances,
 #: each 10x looser and 10x tighter, and the bugs of the audit that asked for this tool (issue 19:
 #: LOSS_TOL 1e-5 -> 1e-2 and PARAM_TOL["sgd"] 1e-6 -> 1e-3 passed every test, and so did the
@@ -268,6 +270,12 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
     HandMutant(_RENDERED, r'r"(?:\bstep|\brank|', r'r"(?:step|rank|', _SCAN),
     HandMutant(_RENDERED, '_BLOCK = {"p", "div", "pre", "li", "tr", "td", "th",',
                '_BLOCK = {"p", "div", "pre", "li", "tr",', _SCAN),
+    # stop 43's CI failure: a tensor placed in a resident heap hole unseen (no trim at entry), and
+    # blocks freed inside the measurement counted as kept (no trim before the end reading)
+    HandMutant(_PEAK, "            release_freed_heap()  # gc.collect(), then",
+               "            __import__(\"gc\").collect()  # gc.collect(), then", _PEAK_TESTS),
+    HandMutant(_PEAK, "            release_freed_heap()  # what the block freed",
+               "            pass  # what the block freed", _PEAK_TESTS),
 )
 
 #: Survivors that are not bugs: (function, the mutated line as ``mutmut show`` prints it after its
