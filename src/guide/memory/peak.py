@@ -35,8 +35,8 @@ tensor placed in a hole whose pages were still resident added nothing to ``VmRSS
 beside CPU hogs, whole gradient shards of the gradient-accumulation page went unseen). At exit
 it does so again before reading ``end_bytes``, so that heap blocks made and freed inside the block
 (which refill those released pages) count in the peak but not in what the block kept. Small
-tensors can still share pages with live objects: they are undercounted, never overcounted (the
-site's checks allow :data:`RESOLUTION_BYTES` for this).
+tensors share pages with other objects, so a reading can miss or add part of a page for each,
+either way (the site's checks allow :data:`RESOLUTION_BYTES` for this).
 (Call :func:`prepare` before the model is built; :func:`guide.launch` with ``memory_limit_mib``
 does the same.)
 Measure a step *after* a warm-up step, so that lazily imported code and one-time buffers are not
