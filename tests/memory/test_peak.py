@@ -3,6 +3,9 @@ caught, the guards refuse what would give a wrong number, and the launcher's bud
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -141,32 +144,35 @@ def test_memory_limit_prepares_the_rank():
     assert guide.launch(worker, 2) == [False, False]
 
 
-_FREED_HEAP = """
-import gc, sys
-from guide.memory import current_bytes, prepare, release_freed_heap
+_HOLE = """
+import gc
+from guide.memory import PeakMemory, current_bytes, prepare, release_freed_heap
 prepare()  # as the pages' workers do: blocks below 64 KiB still come from the heap
+MiB = 2**20
 base = current_bytes()
 blocks = [bytes(bytearray(4000)) for _ in range(25_000)]  # about 95 MiB of heap blocks
 top = bytes(bytearray(4000))  # allocated above them: glibc cannot trim the heap's top
 del blocks
-gc.collect()
-freed = current_bytes() - base
-if sys.argv[1] == "release":
-    release_freed_heap()
-print(freed, current_bytes() - base)
+gc.collect()  # freed, yet resident: the blocks are a hole in the heap
 """
+
+
+def _beside_a_heap_hole(then: str) -> list[int]:
+    """Run ``then`` in a fresh process just after :data:`_HOLE` made a resident 95 MiB heap hole;
+    the whole numbers it prints."""
+    out = subprocess.run([sys.executable, "-c", _HOLE + then],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return [int(v) for v in out]
 
 
 @pytest.mark.parametrize("release", [True, False], ids=["released", "control"])
 def test_release_freed_heap_gives_freed_heap_pages_back(release):
     """A freed heap block stays resident under a live one (the control); release_freed_heap hands
     it back, so the next point a torchrun rank measures starts from what is live."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _FREED_HEAP, "release" if release else "keep"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    freed_mib, now_mib = (int(v) / 2**20 for v in out)
+    freed, now = _beside_a_heap_hole("freed = current_bytes() - base\n"
+                                      f"{'release_freed_heap()' if release else 'pass'}\n"
+                                      "print(freed, current_bytes() - base)")
+    freed_mib, now_mib = freed / MiB, now / MiB
     assert freed_mib > 80  # freed, yet resident: the heap kept the pages
     if release:
         assert now_mib < 10
@@ -174,25 +180,12 @@ def test_release_freed_heap_gives_freed_heap_pages_back(release):
         assert now_mib > 80
 
 
-_HEAP_HOLE = """
-import gc, sys
+_INTO_THE_HOLE = """
 import torch
-from guide.memory import PeakMemory, current_bytes, prepare
-prepare()
-MiB = 2**20
-blocks = [bytes(bytearray(4000)) for _ in range(25_000)]  # about 95 MiB of heap blocks
-top = bytes(bytearray(4000))  # allocated above them: the freed blocks stay a hole, resident
-del blocks
-gc.collect()
-if sys.argv[1] == "peak":
+if {peak}:
     with PeakMemory() as peak:
         x = torch.ones(32 * MiB // 4)  # above the mmap threshold, yet glibc fills the hole first
     print(peak.end_bytes)
-elif sys.argv[1] == "churn":
-    with PeakMemory() as peak:
-        junk = [bytes(bytearray(4000)) for _ in range(12_500)]  # refills half the hole
-        del junk
-    print(peak.peak_bytes, peak.end_bytes)
 else:
     before = current_bytes()
     x = torch.ones(32 * MiB // 4)
@@ -205,12 +198,8 @@ def test_a_tensor_placed_in_a_resident_heap_hole_is_counted(how):
     """glibc serves even an allocation above the mmap threshold from a freed heap hole before it
     maps new memory. The control shows the hole's resident pages hiding a 32 MiB tensor from a bare
     VmRSS difference; PeakMemory hands the hole's pages back at entry, so it sees the tensor."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _HEAP_HOLE, how],
-                         capture_output=True, text=True, check=True).stdout.split()
-    grown_mib = int(out[-1]) / MiB
+    (grown,) = _beside_a_heap_hole(_INTO_THE_HOLE.format(peak=how == "peak"))
+    grown_mib = grown / MiB
     if how == "peak":
         assert 31 <= grown_mib <= 34
     else:
@@ -220,11 +209,11 @@ def test_a_tensor_placed_in_a_resident_heap_hole_is_counted(how):
 def test_heap_blocks_freed_inside_the_block_are_not_left_behind():
     """Small blocks made and freed inside the block refill the hole the entry released; at exit
     their pages go back too, so ``end_bytes`` is what the block kept, while the peak saw them."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _HEAP_HOLE, "churn"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    peak_mib, end_mib = (int(v) / MiB for v in out)
+    peak, end = _beside_a_heap_hole(
+        "with PeakMemory() as peak:\n"
+        "    junk = [bytes(bytearray(4000)) for _ in range(12_500)]  # refills half the hole\n"
+        "    del junk\n"
+        "print(peak.peak_bytes, peak.end_bytes)")
+    peak_mib, end_mib = peak / MiB, end / MiB
     assert peak_mib > 40  # about 48 MiB of blocks were alive at once
     assert abs(end_mib) < 4
